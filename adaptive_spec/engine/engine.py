@@ -1,0 +1,302 @@
+"""The speculative engine: continuous batching, a per-request k from the policy, exact sampling.
+
+One `step()`:
+  1. admit waiting requests (each prefilled alone; prefill emits its first token);
+  2. ask the policy for each running request's k (clamped to what the request can use);
+  3. draft max k tokens for the batch (skipped when every k is 0);
+  4. verify: one target forward over [last token, K drafts] per row;
+  5. accept / recover / bonus by rejection sampling; emit, cut at stop tokens and budgets;
+  6. roll caches back to the kept tokens, tell the policy, retire finished requests.
+
+The engine knows nothing of tokenizers or text: prompts and outputs are token ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+from typing import Iterable, Sequence
+
+import torch
+
+from ..control.policy import Policy, RequestOutcome, RequestView, StepRecord, parse_policy
+from ..modeling.drafters import Draft, Drafter, ModelDrafter, logits_width
+from ..modeling.kv import RaggedKV
+from ..sampling.params import SamplingParams
+from ..sampling.rejection import verify
+from .processing import StepSampler, finite_rows
+from .request import GenerationResult, Request, RequestStats, StepOutput
+
+
+class SpecEngine:
+    """Exact speculative decoding over a Hugging Face causal LM.
+
+    target: a transformers causal LM. draft: a causal LM sharing the target's tokenizer, a
+    `Drafter`, or None (no speculation possible; every k is 0). policy: "off", "static:K", or a
+    `Policy` object. max_k caps any k a policy picks; max_batch_size bounds running requests (the
+    rest wait, first come first served). seed feeds the generator that seeds requests without one.
+    """
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module | Drafter | None = None,
+        policy: str | Policy = "off",
+        *,
+        max_k: int = 16,
+        max_batch_size: int = 64,
+        seed: int = 0,
+    ):
+        self.target = target.eval()
+        self.vocab_size = logits_width(target)
+        self.drafter: Drafter | None = draft if draft is None or isinstance(draft, Drafter) else ModelDrafter(draft)
+        if self.drafter is not None and self.drafter.vocab_size not in (None, self.vocab_size):
+            raise ValueError(
+                f"draft and target vocabularies differ: the draft produces {self.drafter.vocab_size} logits, "
+                f"the target {self.vocab_size}; speculative decoding needs one shared tokenizer"
+            )
+        self.policy = parse_policy(policy)
+        if max_k < 0 or max_batch_size < 1:
+            raise ValueError("max_k must be >= 0 and max_batch_size >= 1")
+        self.max_k = max_k if self.drafter is not None else 0
+        self.max_batch_size = max_batch_size
+        self.max_positions = getattr(target.config, "max_position_embeddings", None)
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._ids = itertools.count()
+        self._kv = RaggedKV(target)
+        self._running: list[Request] = []
+        self._waiting: list[Request] = []
+        self._drafter_error: str | None = None
+
+    # --- the serving-loop API ----------------------------------------------------------------
+    def add_request(self, prompt: Sequence[int], params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        """Queue a request; raises ValueError naming the problem if it cannot be served."""
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        self._waiting.append(self._new_request(request_id, prompt, params))
+        return request_id
+
+    def abort(self, request_id: str) -> GenerationResult | None:
+        """Stop a request; its tokens so far come back with finish_reason "aborted"."""
+        for queue in (self._waiting, self._running):
+            for row, request in enumerate(queue):
+                if request.request_id == request_id:
+                    request.finish_reason = "aborted"
+                    if queue is self._running:
+                        self._retire([row])
+                    else:
+                        queue.pop(row)
+                    return request.result()
+        return None
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def step(self) -> list[StepOutput]:
+        outputs = self._admit()
+        if not self._running:
+            return outputs
+        started = time.perf_counter()
+        ks = self._choose_k()
+        sampler = StepSampler(self._running, ks, self.vocab_size)
+        draft, draft_seconds = self._draft(ks, sampler)
+        outputs += self._verify_and_emit(draft, sampler, started, draft_seconds)
+        return outputs
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[GenerationResult]:
+        """Run prompts to completion. A prompt that cannot be served comes back with `error` set;
+        the others are unaffected."""
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        entries: list[Request | GenerationResult] = []
+        for prompt, p in zip(prompts, params_list):
+            request_id = f"gen-{next(self._ids)}"
+            try:
+                self.add_request(prompt, p, request_id)
+                entries.append(self._waiting[-1])
+            except ValueError as error:
+                entries.append(_rejected(request_id, prompt, str(error)))
+        while any(isinstance(e, Request) and e.finish_reason is None for e in entries):
+            self.step()
+        return [e.result() if isinstance(e, Request) else e for e in entries]
+
+    # --- step phases -------------------------------------------------------------------------
+    def _admit(self) -> list[StepOutput]:
+        outputs = []
+        while self._waiting and len(self._running) < self.max_batch_size:
+            request = self._waiting.pop(0)
+            row = RaggedKV(self.target)
+            logits = row.forward([request.prompt], logits_to_keep=1)  # [1, 1, vocab]
+            sampler = StepSampler([request], [0], self.vocab_size)
+            no_draft = Draft(torch.zeros(1, 0, dtype=torch.long), None, torch.zeros(1, dtype=torch.long))
+            verdict, errors = self._sample_final(sampler, logits, no_draft)
+            if errors[0]:
+                request.fail(errors[0])
+            else:
+                self._emit(request, [int(verdict.final_tokens[0])])
+            outputs.append(_output(request, request.generated))
+            if request.finish_reason is None:
+                self._kv.append_rows(row)
+                if self.drafter is not None and self._drafter_error is None:
+                    self._guard_drafter(lambda: self.drafter.add_requests([request.prompt]))
+                self._running.append(request)
+        return outputs
+
+    def _choose_k(self) -> list[int]:
+        if self.max_k == 0 or self._drafter_error is not None:
+            return [0] * len(self._running)
+        caps = [min(self.max_k, r.remaining - 1) for r in self._running]
+        room = getattr(self.drafter, "max_positions", None)
+        if room:  # the batch drafts max k for every row, so the shortest room bounds all
+            batch_cap = min(room - len(r.tokens) for r in self._running)
+            caps = [min(cap, batch_cap) for cap in caps]
+        views = [RequestView(r.request_id, len(r.tokens), r.remaining, max(cap, 0), r.history)
+                 for r, cap in zip(self._running, caps)]
+        chosen = self.policy.choose(views)
+        if len(chosen) != len(views):
+            raise RuntimeError(f"policy {self.policy.name!r} returned {len(chosen)} choices for {len(views)} requests")
+        return [max(0, min(int(k), view.max_k)) for k, view in zip(chosen, views)]
+
+    def _draft(self, ks: list[int], sampler: StepSampler) -> tuple[Draft, float]:
+        rows = len(self._running)
+        empty = Draft(torch.zeros(rows, 0, dtype=torch.long), None, torch.zeros(rows, dtype=torch.long))
+        if max(ks) == 0:
+            return empty, 0.0
+        started = time.perf_counter()
+        limits = torch.as_tensor(ks)
+        contexts = [r.tokens for r in self._running]
+        draft = self._guard_drafter(lambda: self.drafter.propose(contexts, ks, sampler.draft_sampler(limits)))
+        if draft is None:
+            return empty, time.perf_counter() - started
+        draft = Draft(draft.tokens, draft.probs, torch.minimum(draft.num_drafted, limits))
+        return draft, time.perf_counter() - started
+
+    def _verify_and_emit(self, draft: Draft, sampler: StepSampler, started: float, draft_seconds: float) -> list[StepOutput]:
+        verify_started = time.perf_counter()
+        last = torch.as_tensor([[r.tokens[-1]] for r in self._running])
+        since = self._kv.num_slots
+        logits = self._kv.forward(torch.cat([last, draft.tokens], dim=1))  # [rows, K + 1, vocab]
+        verdict, errors = self._sample_final(sampler, logits, draft)
+        verify_seconds = time.perf_counter() - verify_started
+
+        outputs, outcomes, finished = [], [], []
+        for row, request in enumerate(self._running):
+            k, accepted = int(draft.num_drafted[row]), int(verdict.num_accepted[row])
+            new = []
+            if errors[row]:
+                request.fail(errors[row])
+            else:
+                new = self._emit(request, draft.tokens[row, :accepted].tolist() + [int(verdict.final_tokens[row])])
+                request.history.record(k, accepted)
+            outcomes.append(RequestOutcome(request.request_id, k, accepted, len(new)))
+            outputs.append(_output(request, new))
+            if request.finish_reason is not None:
+                finished.append(row)
+        self._kv.keep_new(since, 1 + verdict.num_accepted)
+        if draft.tokens.shape[1] and self._drafter_error is None:
+            self._guard_drafter(lambda: self.drafter.accept(verdict.num_accepted))
+        self.policy.observe(StepRecord(
+            batch_size=len(self._running), max_k=int(draft.tokens.shape[1]),
+            context_lengths=tuple(len(r.tokens) for r in self._running), outcomes=tuple(outcomes),
+            draft_seconds=draft_seconds, verify_seconds=verify_seconds, total_seconds=time.perf_counter() - started,
+        ))
+        self._retire(finished)
+        return outputs
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _sample_final(self, sampler: StepSampler, logits: torch.Tensor, draft: Draft):
+        """Process target logits, run the accept test, and name rows that cannot continue."""
+        probs, empty = sampler.probs(logits, draft.tokens, 0, draft.num_drafted)
+        verdict = verify(draft.tokens, draft.num_drafted, probs, draft.probs,
+                         sampler.accept_uniforms[:, : draft.tokens.shape[1]], sampler.final_uniforms)
+        rows = torch.arange(logits.shape[0])
+        used = torch.arange(logits.shape[1])[None, :] <= verdict.num_accepted[:, None]
+        bad_logits = (~finite_rows(logits) & used).any(dim=1)
+        errors = [None] * logits.shape[0]
+        for row in rows[bad_logits | empty[rows, verdict.num_accepted]].tolist():
+            errors[row] = ("the target produced non-finite logits (NaN or +inf)" if bad_logits[row]
+                           else "the allowed-token set and constraint leave no token to generate")
+        return verdict, errors
+
+    def _emit(self, request: Request, tokens: list[int]) -> list[int]:
+        """Append tokens to a request, cut at its first stop token or its budget."""
+        emitted = []
+        for token in tokens[: request.remaining]:
+            emitted.append(token)
+            if token in request.params.stop_token_ids:
+                request.finish_reason = "stop"
+                break
+        request.tokens.extend(emitted)
+        if request.seen is not None:
+            request.seen[emitted] = True
+        constraint = request.params.constraint
+        if constraint is not None:
+            for token in emitted:  # the constraint's state moves on emitted tokens only
+                request.constraint_state = constraint.advance(request.constraint_state, token)
+        if request.finish_reason is None and request.remaining == 0:
+            request.finish_reason = "length"
+        return emitted
+
+    def _retire(self, rows: list[int]) -> None:
+        if not rows:
+            return
+        keep = [row for row in range(len(self._running)) if row not in set(rows)]
+        self._running = [self._running[row] for row in keep]
+        self._kv.select_rows(keep)
+        if self.drafter is not None and self._drafter_error is None:
+            self._guard_drafter(lambda: self.drafter.keep_rows(keep))
+
+    def _guard_drafter(self, call):
+        """Run a drafter call; on failure switch speculation off for good (outputs stay exact)."""
+        try:
+            return call()
+        except Exception as error:  # a drafter is an optimisation: never let it take requests down
+            self._drafter_error = f"{type(error).__name__}: {error}"
+            warnings.warn(f"drafter failed ({self._drafter_error}); speculation is off for this engine "
+                          "from now on, and outputs remain exact", RuntimeWarning, stacklevel=3)
+            return None
+
+    def _new_request(self, request_id: str, prompt: Sequence[int], params: SamplingParams) -> Request:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"request {request_id}: params must be SamplingParams, got {type(params).__name__}")
+        prompt = list(prompt)
+        if not prompt:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise ValueError(f"request {request_id}: the prompt must be a list of integer token ids")
+        outside = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if outside:
+            raise ValueError(f"request {request_id}: token id {outside[0]} is outside the vocabulary "
+                             f"(0..{self.vocab_size - 1})")
+        try:
+            params.check_vocab(self.vocab_size)
+        except ValueError as error:
+            raise ValueError(f"request {request_id}: {error}") from None
+        if self.max_positions and len(prompt) + params.max_new_tokens > self.max_positions:
+            raise ValueError(f"request {request_id}: prompt ({len(prompt)} tokens) plus max_new_tokens "
+                             f"({params.max_new_tokens}) exceeds the model's context of {self.max_positions}")
+        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
+        request = Request(request_id, prompt, params, torch.Generator().manual_seed(seed), list(prompt))
+        if params.repetition_penalty != 1:
+            request.seen = torch.zeros(self.vocab_size, dtype=torch.bool)
+            request.seen[prompt] = True
+        if params.allowed_token_ids is not None:
+            request.allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+            request.allowed[list(params.allowed_token_ids)] = True
+        if params.constraint is not None:
+            request.constraint_state = params.constraint.initial_state()
+        return request
+
+
+def _output(request: Request, new: list[int]) -> StepOutput:
+    return StepOutput(request.request_id, new, request.finish_reason is not None, request.finish_reason, request.error)
+
+
+def _rejected(request_id: str, prompt: Iterable, message: str) -> GenerationResult:
+    return GenerationResult(request_id, list(prompt) if isinstance(prompt, (list, tuple)) else [], [], "error",
+                            message, RequestStats(0, 0, 0, (), ()))

@@ -1,0 +1,84 @@
+"""Request state and the result types the engine hands back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable
+
+import torch
+
+from ..control.policy import AcceptanceHistory
+from ..sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Speculation statistics of one request. The first token comes from prefill and is not a step.
+
+    mean_acceptance_length counts the recovered/bonus token: tokens emitted per speculative step.
+    """
+
+    drafted: int
+    accepted: int
+    steps: int
+    k_per_step: tuple[int, ...]
+    accepted_per_step: tuple[int, ...]
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated ids, prompt excluded
+    finish_reason: str  # "length" | "stop" | "error" | "aborted"
+    error: str | None
+    stats: RequestStats
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    tokens: list[int]  # prompt + generated
+    constraint_state: Hashable | None = None
+    seen: torch.Tensor | None = None  # [vocab] bool, only with a repetition penalty
+    allowed: torch.Tensor | None = None  # [vocab] bool from allowed_token_ids, or None
+    history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.prompt):]
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.generated)
+
+    def fail(self, message: str) -> None:
+        self.finish_reason, self.error = "error", message
+
+    def result(self) -> GenerationResult:
+        h = self.history
+        stats = RequestStats(h.drafted, h.accepted, h.steps, tuple(h.k_per_step), tuple(h.accepted_per_step))
+        return GenerationResult(self.request_id, list(self.prompt), self.generated, self.finish_reason or "aborted",
+                                self.error, stats)

@@ -1,0 +1,176 @@
+"""A ragged batch over one Hugging Face KV cache: holes instead of per-row lengths.
+
+Requests in a batch draft and accept different numbers of tokens, but a Hugging Face cache has one
+length for the whole batch. Here every forward appends the same number of slots to every row; each
+row keeps a boolean mask of which slots hold its real, kept tokens. Rejected or padding slots are
+masked out for good (never attended again), positions are passed explicitly (a row's position is
+the count of its valid slots), and `compact` gathers the valid slots once holes dominate, so memory
+tracks the longest current request rather than everything ever drafted.
+
+This module owns cache bookkeeping only: it knows nothing of sampling or requests.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+
+class RaggedKV:
+    """Rows of a batch over one `DynamicCache` of full-attention layers."""
+
+    def __init__(self, model: torch.nn.Module, compact_slack: int = 32, compact_ratio: float = 1.5):
+        self.model = model
+        self.cache: DynamicCache | None = None
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [rows, slots]
+        self.compact_slack = compact_slack
+        self.compact_ratio = compact_ratio
+        parameters = inspect.signature(model.forward).parameters
+        # transformers 5.2x renamed `past_key_values` to `cache`; accept either.
+        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
+        self._takes_logits_to_keep = "logits_to_keep" in parameters
+
+    # --- shape -------------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[rows] long: tokens each row holds, which is also its next position id."""
+        return self.valid.sum(dim=1)
+
+    # --- forward -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, blocks: Sequence[Sequence[int]] | torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+        """Feed each row its own tokens and cache them.
+
+        `blocks` is one token list per row (ragged: left-padded into one block) or a dense
+        [rows, T] tensor. A new batch (no rows yet) takes one row per block. Returns logits
+        [rows, T', vocab] for the block's last T' columns (T' = `logits_to_keep`, or the whole
+        block when 0); row i's real tokens sit in its last len(blocks[i]) columns.
+        """
+        if self.num_rows == 0:
+            self.valid = torch.zeros(len(blocks), 0, dtype=torch.bool)
+        assert len(blocks) == self.num_rows, (len(blocks), self.num_rows)
+        if isinstance(blocks, torch.Tensor):
+            input_ids = blocks.long().cpu()
+            real = torch.ones_like(input_ids, dtype=torch.bool)
+        else:
+            input_ids, real = _left_pad_block(blocks)
+        device = self._device()
+        # Padding slots get the row's next position; they are masked, so the value is immaterial.
+        position_ids = self.lengths[:, None] + (real.long().cumsum(dim=1) - 1).clamp(min=0)
+        self.valid = torch.cat([self.valid, real], dim=1)
+        if self.cache is None:
+            self.cache = DynamicCache()
+        kwargs = {self._cache_arg: self.cache}
+        if self._takes_logits_to_keep:
+            kwargs["logits_to_keep"] = logits_to_keep
+        out = self.model(
+            input_ids=input_ids.to(device),
+            attention_mask=self.valid.long().to(device),
+            position_ids=position_ids.to(device),
+            use_cache=True,
+            **kwargs,
+        )
+        logits = out.logits
+        return logits if self._takes_logits_to_keep or not logits_to_keep else logits[:, -logits_to_keep:]
+
+    # --- bookkeeping -------------------------------------------------------------------------
+    def keep_new(self, since_slot: int, keep: torch.Tensor) -> None:
+        """Of the valid slots at index >= since_slot, row i keeps its first keep[i]; the rest become holes."""
+        tail = self.valid[:, since_slot:]
+        order = tail.long().cumsum(dim=1)  # 1-based rank among the row's new valid slots
+        self.valid[:, since_slot:] = tail & (order <= keep[:, None])
+        self._maybe_compact()
+
+    def select_rows(self, rows: Sequence[int]) -> None:
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        self.valid = self.valid[index]
+        if self.cache is not None:
+            device_index = index.to(self._device())
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[device_index]
+                layer.values = layer.values[device_index]
+        self._maybe_compact()
+
+    def append_rows(self, other: "RaggedKV") -> None:
+        """Add `other`'s rows after ours; the side with fewer slots gets leading holes."""
+        if other.num_rows == 0:
+            return
+        if self.num_rows == 0:
+            self.cache, self.valid = other.cache, other.valid
+            return
+        width = max(self.num_slots, other.num_slots)
+        self._pad_slots_left(width)
+        other._pad_slots_left(width)
+        for layer, new in zip(self.cache.layers, other.cache.layers):
+            layer.keys = torch.cat([layer.keys, new.keys])
+            layer.values = torch.cat([layer.values, new.values])
+        self.valid = torch.cat([self.valid, other.valid])
+
+    def compact(self) -> None:
+        """Gather each row's valid slots to the right end; the new width is the longest row."""
+        lengths = self.lengths
+        width = int(lengths.max()) if self.num_rows else 0
+        if width == self.num_slots:
+            return
+        # Sort slots so holes come first and valid slots keep their order: key = valid * slots + index.
+        slot_index = torch.arange(self.num_slots)
+        key = self.valid.long() * self.num_slots + slot_index
+        gather = key.argsort(dim=1)[:, self.num_slots - width:]  # [rows, width]
+        self.valid = self.valid.gather(1, gather)
+        if self.cache is not None:
+            for layer in self.cache.layers:
+                index = gather.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                layer.keys = layer.keys.gather(2, index)
+                layer.values = layer.values.gather(2, index)
+
+    def _maybe_compact(self) -> None:
+        if self.num_rows == 0:
+            self.cache, self.valid = None, torch.zeros(0, 0, dtype=torch.bool)
+            return
+        longest = int(self.lengths.max())
+        if self.num_slots > self.compact_ratio * longest + self.compact_slack:
+            self.compact()
+
+    def _pad_slots_left(self, width: int) -> None:
+        """Grow to `width` slots by adding holes on the left."""
+        if width == self.num_slots:
+            return
+        for layer in self.cache.layers:
+            layer.keys = _pad_left(layer.keys, width, dim=2)
+            layer.values = _pad_left(layer.values, width, dim=2)
+        self.valid = _pad_left(self.valid, width)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def _left_pad_block(blocks: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged token lists -> (input_ids [rows, T], real [rows, T] bool), right-aligned."""
+    width = max(len(block) for block in blocks)
+    input_ids = torch.zeros(len(blocks), width, dtype=torch.long)
+    real = torch.zeros(len(blocks), width, dtype=torch.bool)
+    for row, block in enumerate(blocks):
+        if len(block):
+            input_ids[row, width - len(block):] = torch.as_tensor(block, dtype=torch.long)
+            real[row, width - len(block):] = True
+    return input_ids, real
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
+    extra = width - tensor.shape[dim]
+    if extra <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = extra
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
