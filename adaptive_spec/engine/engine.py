@@ -22,7 +22,7 @@ import torch
 
 from ..control.policy import Policy, RequestOutcome, RequestView, StepRecord, parse_policy
 from ..modeling.drafters import Draft, Drafter, ModelDrafter, logits_width
-from ..modeling.kv import RaggedKV
+from ..modeling.kv import RaggedKV, same_length_groups
 from ..sampling.params import SamplingParams
 from ..sampling.rejection import verify
 from .processing import StepSampler, finite_rows
@@ -127,24 +127,28 @@ class SpecEngine:
 
     # --- step phases -------------------------------------------------------------------------
     def _admit(self) -> list[StepOutput]:
+        """Prefill waiting requests; prompts of equal length share one forward (no padding)."""
+        room = self.max_batch_size - len(self._running)
+        joining, self._waiting = self._waiting[:room], self._waiting[room:]
         outputs = []
-        while self._waiting and len(self._running) < self.max_batch_size:
-            request = self._waiting.pop(0)
-            row = RaggedKV(self.target)
-            logits = row.forward([request.prompt], logits_to_keep=1)  # [1, 1, vocab]
-            sampler = StepSampler([request], [0], self.vocab_size)
-            no_draft = Draft(torch.zeros(1, 0, dtype=torch.long), None, torch.zeros(1, dtype=torch.long))
-            verdict, errors = self._sample_final(sampler, logits, no_draft)
-            if errors[0]:
-                request.fail(errors[0])
-            else:
-                self._emit(request, [int(verdict.final_tokens[0])])
-            outputs.append(_output(request, request.generated))
-            if request.finish_reason is None:
-                self._kv.append_rows(row)
-                if self.drafter is not None and self._drafter_error is None:
-                    self._guard_drafter(lambda: self.drafter.add_requests([request.prompt]))
-                self._running.append(request)
+        for group in same_length_groups([r.prompt for r in joining]):
+            requests = [joining[i] for i in group]
+            kv = RaggedKV(self.target)
+            logits = kv.forward([r.prompt for r in requests], logits_to_keep=1)  # [rows, 1, vocab]
+            sampler = StepSampler(requests, [0] * len(requests), self.vocab_size)
+            verdict, errors, _ = self._sample_final(sampler, logits, _no_draft(len(requests)))
+            for request, token, error in zip(requests, verdict.final_tokens.tolist(), errors):
+                if error:
+                    request.fail(error)
+                else:
+                    self._emit(request, [token])
+                outputs.append(_output(request, request.generated))
+            live = [row for row, r in enumerate(requests) if r.finish_reason is None]
+            kv.select_rows(live)
+            self._kv.append_rows(kv)
+            self._running += [requests[row] for row in live]
+            if self.drafter is not None and self._drafter_error is None:
+                self._guard_drafter(lambda: self.drafter.add_requests([requests[row].prompt for row in live]))
         return outputs
 
     def _choose_k(self) -> list[int]:
@@ -163,8 +167,7 @@ class SpecEngine:
         return [max(0, min(int(k), view.max_k)) for k, view in zip(chosen, views)]
 
     def _draft(self, ks: list[int], sampler: StepSampler) -> tuple[Draft, float]:
-        rows = len(self._running)
-        empty = Draft(torch.zeros(rows, 0, dtype=torch.long), None, torch.zeros(rows, dtype=torch.long))
+        empty = _no_draft(len(self._running))
         if max(ks) == 0:
             return empty, 0.0
         started = time.perf_counter()
@@ -181,15 +184,16 @@ class SpecEngine:
         last = torch.as_tensor([[r.tokens[-1]] for r in self._running])
         since = self._kv.num_slots
         logits = self._kv.forward(torch.cat([last, draft.tokens], dim=1))  # [rows, K + 1, vocab]
-        verdict, errors = self._sample_final(sampler, logits, draft)
+        verdict, errors, usable = self._sample_final(sampler, logits, draft)
         verify_seconds = time.perf_counter() - verify_started
 
         outputs, outcomes, finished = [], [], []
         for row, request in enumerate(self._running):
             k, accepted = int(draft.num_drafted[row]), int(verdict.num_accepted[row])
-            new = []
-            if errors[row]:
-                request.fail(errors[row])
+            if errors[row]:  # keep the drafts accepted before the failure: plain decoding had emitted them
+                new = self._emit(request, draft.tokens[row, : int(usable[row])].tolist())
+                if request.finish_reason is None:
+                    request.fail(errors[row])
             else:
                 new = self._emit(request, draft.tokens[row, :accepted].tolist() + [int(verdict.final_tokens[row])])
                 request.history.record(k, accepted)
@@ -210,18 +214,25 @@ class SpecEngine:
 
     # --- helpers -----------------------------------------------------------------------------
     def _sample_final(self, sampler: StepSampler, logits: torch.Tensor, draft: Draft):
-        """Process target logits, run the accept test, and name rows that cannot continue."""
+        """Process target logits and run the accept test.
+
+        Returns (verdict, errors, usable): errors[row] names why a row cannot continue, and
+        usable[row] is how many of its accepted drafts still stand (those before the first
+        position whose target logits were non-finite), to be emitted before the row fails.
+        """
         probs, empty = sampler.probs(logits, draft.tokens, 0, draft.num_drafted)
         verdict = verify(draft.tokens, draft.num_drafted, probs, draft.probs,
                          sampler.accept_uniforms[:, : draft.tokens.shape[1]], sampler.final_uniforms)
-        rows = torch.arange(logits.shape[0])
-        used = torch.arange(logits.shape[1])[None, :] <= verdict.num_accepted[:, None]
-        bad_logits = (~finite_rows(logits) & used).any(dim=1)
+        positions = torch.arange(logits.shape[1])[None, :]
+        bad = ~finite_rows(logits) & (positions <= verdict.num_accepted[:, None])
+        first_bad = torch.where(bad, positions, logits.shape[1]).min(dim=1).values
+        usable = torch.minimum(verdict.num_accepted, first_bad)
+        final_empty = empty[torch.arange(logits.shape[0]), verdict.num_accepted]
         errors = [None] * logits.shape[0]
-        for row in rows[bad_logits | empty[rows, verdict.num_accepted]].tolist():
-            errors[row] = ("the target produced non-finite logits (NaN or +inf)" if bad_logits[row]
+        for row in (bad.any(dim=1) | final_empty).nonzero().flatten().tolist():
+            errors[row] = ("the target produced non-finite logits (NaN or +inf)" if bad[row].any()
                            else "the allowed-token set and constraint leave no token to generate")
-        return verdict, errors
+        return verdict, errors, usable
 
     def _emit(self, request: Request, tokens: list[int]) -> list[int]:
         """Append tokens to a request, cut at its first stop token or its budget."""
@@ -291,6 +302,10 @@ class SpecEngine:
         if params.constraint is not None:
             request.constraint_state = params.constraint.initial_state()
         return request
+
+
+def _no_draft(rows: int) -> Draft:
+    return Draft(torch.zeros(rows, 0, dtype=torch.long), None, torch.zeros(rows, dtype=torch.long))
 
 
 def _output(request: Request, new: list[int]) -> StepOutput:

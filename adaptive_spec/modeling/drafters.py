@@ -19,7 +19,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from .kv import RaggedKV
+from .kv import RaggedKV, same_length_groups
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,17 @@ class ModelDrafter:
         self._pending: tuple[int, list[int], int] | None = None  # (slot before propose, uncached counts, K)
 
     def add_requests(self, contexts: Sequence[Sequence[int]]) -> None:
-        for context in contexts:
-            row = RaggedKV(self.model)
-            row.forward([list(context)], logits_to_keep=1)  # prefill alone: no padding, no waste
-            self.kv.append_rows(row)
-            self._num_cached.append(len(context))
+        old_rows = self.kv.num_rows
+        groups = same_length_groups(contexts)
+        for group in groups:  # equal lengths prefill together, unpadded
+            rows = RaggedKV(self.model)
+            rows.forward([list(contexts[i]) for i in group], logits_to_keep=1)
+            self.kv.append_rows(rows)
+        appended = [i for group in groups for i in group]
+        if appended != sorted(appended):  # put the new rows back in the order they were given
+            position = {index: old_rows + n for n, index in enumerate(appended)}
+            self.kv.select_rows(list(range(old_rows)) + [position[i] for i in range(len(contexts))])
+        self._num_cached += [len(context) for context in contexts]
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         self.kv.select_rows(rows)

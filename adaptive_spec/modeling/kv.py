@@ -155,6 +155,14 @@ class RaggedKV:
         return next(self.model.parameters()).device
 
 
+def same_length_groups(sequences: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Indices of `sequences` grouped by length (first-seen order), so each group prefills unpadded."""
+    groups: dict[int, list[int]] = {}
+    for index, sequence in enumerate(sequences):
+        groups.setdefault(len(sequence), []).append(index)
+    return list(groups.values())
+
+
 def _left_pad_block(blocks: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged token lists -> (input_ids [rows, T], real [rows, T] bool), right-aligned."""
     width = max(len(block) for block in blocks)
