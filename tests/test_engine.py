@@ -270,3 +270,27 @@ def test_policy_strings():
     history = AcceptanceHistory()
     history.record(3, 2)
     assert (history.drafted, history.accepted, history.steps) == (3, 2, 1)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_ngram_drafter_greedy_equals_plain_decoding(greedy_pair, k):
+    from adaptive_spec import NgramDrafter
+
+    target, _ = greedy_pair
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [1, 2, 1, 2, 1]]
+    expected = [plain_greedy(target, p, 30) for p in prompts]
+    results = SpecEngine(target, NgramDrafter(min_ngram=1), policy=f"static:{k}").generate(
+        prompts, SamplingParams(temperature=0, max_new_tokens=30))
+    assert [r.token_ids for r in results] == expected
+    assert sum(r.stats.drafted for r in results) > 0
+
+
+def test_ngram_lookup_prefers_the_longest_latest_match():
+    from adaptive_spec import NgramDrafter
+
+    drafter = NgramDrafter(max_ngram=3, min_ngram=1)
+    assert drafter.lookup([1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3], 2) == [4, 9]  # trigram 1,2,3 beats 2,3
+    assert drafter.lookup([7, 1, 8, 1], 2) == [8, 1]  # unigram 1: latest earlier occurrence
+    assert drafter.lookup([4, 5, 6], 3) == []
+    with pytest.raises(ValueError):
+        NgramDrafter(max_ngram=1, min_ngram=2)

@@ -147,3 +147,19 @@ def test_statistical_test_catches_a_biased_engine(small_pair, monkeypatch):
     counts = sample_engine(target, draft, params, k=3, seed=7)
     p_value = chi_square_p_value(counts[0], exact_distribution(target, list(PROMPTS[0]), params), SAMPLES_PER_K_AND_PROMPT)
     assert p_value < ALPHA
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["temperature-0.7-top-k", "prefix-constraint"])
+def test_ngram_drafter_matches_target_distribution(small_pair, name):
+    """Prompt lookup is a one-hot draft; it must be exact too (same test and threshold as above;
+    2 tests x 2 prompts at p < 1e-4 each: false-failure probability below 0.04%)."""
+    from adaptive_spec import NgramDrafter
+
+    target, _ = small_pair
+    params = CONFIGS[name]
+    counts = sample_engine(target, NgramDrafter(max_ngram=2, min_ngram=1), params, k=3, seed=99)
+    for prompt, prompt_counts in zip(PROMPTS, counts):
+        p_value = chi_square_p_value(prompt_counts, exact_distribution(target, list(prompt), params),
+                                     SAMPLES_PER_K_AND_PROMPT)
+        assert p_value >= ALPHA, f"ngram {name}, prompt {prompt}: chi-square p = {p_value:.2e}"

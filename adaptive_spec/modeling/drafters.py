@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
+import numpy as np
 import torch
 
 from .kv import RaggedKV, same_length_groups
@@ -125,3 +126,48 @@ def logits_width(model: torch.nn.Module) -> int:
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
     return int(model.config.vocab_size)
+
+
+class NgramDrafter:
+    """Prompt lookup: propose what followed the most recent earlier occurrence of the context's
+    longest matching suffix n-gram (max_ngram down to min_ngram). Model-free and stateless.
+
+    Its proposal is deterministic given the context, i.e. a one-hot draft distribution, so the
+    accept test is exact under any sampling settings (probs=None tells `verify` so).
+    """
+
+    vocab_size = None
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def add_requests(self, contexts: Sequence[Sequence[int]]) -> None:
+        pass
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        pass
+
+    def accept(self, num_accepted: torch.Tensor) -> None:
+        pass
+
+    def propose(self, contexts: Sequence[Sequence[int]], num_tokens: Sequence[int], sample: DraftSampler) -> Draft:
+        tokens = torch.zeros(len(contexts), max(num_tokens), dtype=torch.long)
+        num_drafted = torch.zeros(len(contexts), dtype=torch.long)
+        for row, (context, k) in enumerate(zip(contexts, num_tokens)):
+            continuation = self.lookup(context, k) if k else []
+            tokens[row, : len(continuation)] = torch.as_tensor(continuation, dtype=torch.long)
+            num_drafted[row] = len(continuation)
+        return Draft(tokens, None, num_drafted)
+
+    def lookup(self, context: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens continuing the latest earlier match of the longest suffix n-gram."""
+        sequence = np.asarray(context)
+        for n in range(min(self.max_ngram, len(sequence) - 1), self.min_ngram - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(sequence[:-1], n)  # each has a follower
+            hits = np.flatnonzero((windows == sequence[-n:]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return sequence[start : start + k].tolist()
+        return []
