@@ -35,3 +35,39 @@ def small_pair():
 def greedy_pair(request):
     """(target, draft) with a 64-token vocabulary, one pair per architecture."""
     return tiny_lm(10, vocab=64, arch=request.param), tiny_lm(11, vocab=64, arch=request.param)
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+
+
+def save_tiny_model(directory, seed: int, words: list[str], arch: str = "llama") -> str:
+    """A tiny model plus a word-level tokenizer saved the way `from_pretrained` reads them.
+
+    Llama by default: for a qwen2 config, AutoTokenizer in transformers 5 swaps in the Qwen2
+    tokenizer class, which cannot read a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = tiny_lm(seed, vocab=len(words), arch=arch)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+WORDS = ["[UNK]", "<s>", "</s>", "user", "assistant"] + [f"w{i}" for i in range(59)]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    """(target_dir, draft_dir, foreign_dir): two models sharing a tokenizer, one with another vocabulary."""
+    root = tmp_path_factory.mktemp("models")
+    return (save_tiny_model(root / "target", 20, WORDS), save_tiny_model(root / "draft", 21, WORDS),
+            save_tiny_model(root / "foreign", 22, WORDS[:5] + [f"v{i}" for i in range(59)]))

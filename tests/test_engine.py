@@ -294,3 +294,20 @@ def test_ngram_lookup_prefers_the_longest_latest_match():
     assert drafter.lookup([4, 5, 6], 3) == []
     with pytest.raises(ValueError):
         NgramDrafter(max_ngram=1, min_ngram=2)
+
+
+def test_sliding_window_models_stay_exact_inside_the_window_and_refuse_beyond():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(3)
+    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=24,
+                         max_window_layers=0, layer_types=["sliding_attention", "sliding_attention"])
+    target = Qwen2ForCausalLM(config).eval()
+    target.generation_config.eos_token_id = None
+    engine = SpecEngine(target, target, policy="static:4", max_k=4)
+    assert engine.attention_window == 24
+    result = engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=16))[0]
+    assert result.error is None and result.token_ids == plain_greedy(target, [1, 2, 3], 16)
+    refused = engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=30))[0]
+    assert "sliding attention window" in refused.error

@@ -61,10 +61,13 @@ class SpecEngine:
             raise ValueError("max_k must be >= 0 and max_batch_size >= 1")
         self.max_k = max_k if self.drafter is not None else 0
         self.max_batch_size = max_batch_size
-        self.max_positions = getattr(target.config, "max_position_embeddings", None)
         self._seeds = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._kv = RaggedKV(target)
+        self.max_positions = getattr(target.config, "max_position_embeddings", None)
+        # Sliding-window models: a request (plus one step's drafts) must fit in the window.
+        windows = [kv.attention_window for kv in (self._kv, getattr(self.drafter, "kv", None)) if kv]
+        self.attention_window = min((w for w in windows if w), default=None)
         self._running: list[Request] = []
         self._waiting: list[Request] = []
         self._drafter_error: str | None = None
@@ -74,6 +77,8 @@ class SpecEngine:
         """Queue a request; raises ValueError naming the problem if it cannot be served."""
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if any(r.request_id == request_id for r in self._waiting + self._running):
+            raise ValueError(f"request id {request_id!r} is already in use")
         self._waiting.append(self._new_request(request_id, prompt, params))
         return request_id
 
@@ -291,6 +296,10 @@ class SpecEngine:
         if self.max_positions and len(prompt) + params.max_new_tokens > self.max_positions:
             raise ValueError(f"request {request_id}: prompt ({len(prompt)} tokens) plus max_new_tokens "
                              f"({params.max_new_tokens}) exceeds the model's context of {self.max_positions}")
+        if self.attention_window and len(prompt) + params.max_new_tokens + self.max_k + 1 > self.attention_window:
+            raise ValueError(f"request {request_id}: prompt ({len(prompt)} tokens) plus max_new_tokens "
+                             f"({params.max_new_tokens}) and max_k ({self.max_k}) exceeds the sliding attention "
+                             f"window of {self.attention_window}, which this engine does not yet support")
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
         request = Request(request_id, prompt, params, torch.Generator().manual_seed(seed), list(prompt))
         if params.repetition_penalty != 1:
@@ -309,7 +318,9 @@ def _no_draft(rows: int) -> Draft:
 
 
 def _output(request: Request, new: list[int]) -> StepOutput:
-    return StepOutput(request.request_id, new, request.finish_reason is not None, request.finish_reason, request.error)
+    finished = request.finish_reason is not None
+    return StepOutput(request.request_id, new, finished, request.finish_reason, request.error,
+                      request.result() if finished else None)
 
 
 def _rejected(request_id: str, prompt: Iterable, message: str) -> GenerationResult:

@@ -50,6 +50,7 @@ class StepOutput:
     finished: bool
     finish_reason: str | None
     error: str | None = None
+    result: GenerationResult | None = None  # the whole request, once finished
 
 
 @dataclass

@@ -123,7 +123,9 @@ class ModelDrafter:
 def logits_width(model: torch.nn.Module) -> int:
     """Rows of the output head: the width of the logits the model produces."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and getattr(head, "weight", None) is not None:
+    if head is not None and getattr(head, "out_features", None):  # also int8-quantised heads
+        return int(head.out_features)
+    if head is not None and isinstance(getattr(head, "weight", None), torch.Tensor):
         return int(head.weight.shape[0])
     return int(model.config.vocab_size)
 

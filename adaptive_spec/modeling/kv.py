@@ -32,6 +32,7 @@ class RaggedKV:
         # transformers 5.2x renamed `past_key_values` to `cache`; accept either.
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
         self._takes_logits_to_keep = "logits_to_keep" in parameters
+        self.attention_window = attention_window(model.config)
 
     # --- shape -------------------------------------------------------------------------------
     @property
@@ -65,6 +66,10 @@ class RaggedKV:
             real = torch.ones_like(input_ids, dtype=torch.bool)
         else:
             input_ids, real = _left_pad_block(blocks)
+        if self.attention_window and self.num_slots + input_ids.shape[1] > self.attention_window:
+            self.compact()  # sliding layers window over slots, so keep slots within the window
+            if self.num_slots + input_ids.shape[1] > self.attention_window:
+                raise RuntimeError(f"a row outgrew the model's attention window of {self.attention_window} tokens")
         device = self._device()
         # Padding slots get the row's next position; they are masked, so the value is immaterial.
         position_ids = self.lengths[:, None] + (real.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -153,6 +158,18 @@ class RaggedKV:
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+
+def attention_window(config) -> int | None:
+    """The sliding-attention window if any layer slides, else None.
+
+    The cache here holds every slot in full layers and the model masks its sliding layers by slot
+    distance; that equals true sliding attention only while a row's slots fit in the window, so
+    `forward` compacts to stay inside it and the engine refuses requests that could not fit.
+    """
+    layer_types = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    return int(window) if window and any("sliding" in str(t) for t in layer_types) else None
 
 
 def same_length_groups(sequences: Sequence[Sequence[int]]) -> list[list[int]]:

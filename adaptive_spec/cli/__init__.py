@@ -1,0 +1,40 @@
+"""Layer 5: the `adaptive-spec` command line. One subcommand per job; each ends with one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..assets.cli import add_models_commands, run_models
+from .bench import add_bench_command, run_bench
+from .generate import add_generate_command, run_generate
+
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, PermissionError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adaptive-spec", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_generate_command(subparsers)
+    add_bench_command(subparsers)
+    add_models_commands(subparsers)
+    return parser
+
+
+COMMANDS = {"generate": run_generate, "bench": run_bench, "models": run_models}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except USER_ERRORS as error:  # bad input: one clear line, no traceback
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"adaptive-spec {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

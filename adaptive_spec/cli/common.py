@@ -1,0 +1,120 @@
+"""What the subcommands share: model and prompt options, sampling options, summaries."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from ..assets import Prompt, encode_prompt, load_humaneval, load_jsonl, load_sharegpt
+from ..engine.request import GenerationResult
+from ..modeling.loading import PRECISIONS, LoadedPair, load_pair
+from ..sampling.params import SamplingParams
+
+DEFAULT_PAIR = "qwen-coder"
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("models")
+    group.add_argument("--pair", default=None, help=f"a named target/draft pair (default {DEFAULT_PAIR} "
+                                                    "unless --target is given)")
+    group.add_argument("--target", default=None, help="target model: a registry name or a local directory")
+    group.add_argument("--draft", default=None,
+                       help="draft model name or directory, 'ngram' (prompt lookup) or 'none'")
+    group.add_argument("--dtype", choices=PRECISIONS, default="float32", help="target precision")
+    group.add_argument("--draft-dtype", choices=PRECISIONS, default=None,
+                       help="draft precision (default: the target's; int8 = dynamic quantisation)")
+
+
+def add_prompt_options(parser: argparse.ArgumentParser, default_prompt: str | None = None) -> None:
+    group = parser.add_argument_group("prompts")
+    group.add_argument("--prompt", action="append", default=None, help="a prompt text (repeatable)")
+    group.add_argument("--prompts", default=None, help="a JSONL file of {\"prompt\": ...} or {\"messages\": [...]}")
+    group.add_argument("--humaneval", type=int, default=0, metavar="N", help="the first N HumanEval prompts")
+    group.add_argument("--sharegpt", type=int, default=0, metavar="N", help="N ShareGPT prompts, sampled by length")
+    group.add_argument("--no-chat", action="store_true", help="encode prompts as plain text, no chat template")
+    parser.set_defaults(default_prompt=default_prompt)
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--repetition-penalty", type=float, default=1.0)
+    group.add_argument("--max-new-tokens", type=int, default=128)
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
+
+
+def load_models(args) -> LoadedPair:
+    pair = args.pair if args.pair or args.target else DEFAULT_PAIR
+    return load_pair(pair, args.target, args.draft, args.dtype, args.draft_dtype or args.dtype)
+
+
+def gather_prompts(args) -> list[Prompt]:
+    """Read every prompt source before any model loads, so a bad file fails fast."""
+    prompts: list[Prompt] = []
+    for index, text in enumerate(args.prompt or []):
+        prompts.append(Prompt(id=f"prompt-{index}", messages=None, text=text, source="cli"))
+    if args.prompts:
+        prompts += load_jsonl(args.prompts)
+    if args.humaneval:
+        prompts += load_humaneval(limit=args.humaneval)
+    if args.sharegpt:
+        prompts += load_sharegpt(args.sharegpt, seed=args.seed, max_prompt_chars=2000)
+    if not prompts and args.default_prompt:
+        prompts.append(Prompt(id="default", messages=None, text=args.default_prompt, source="default"))
+    if not prompts:
+        raise ValueError("no prompts: give --prompt, --prompts FILE.jsonl, --humaneval N or --sharegpt N")
+    return prompts
+
+
+def encode_all(prompts: Sequence[Prompt], tokenizer, chat: bool) -> list[list[int]]:
+    return [encode_prompt(tokenizer, prompt, chat=chat) for prompt in prompts]
+
+
+def stop_ids(tokenizer, model) -> tuple[int, ...]:
+    """End-of-sequence ids from the tokenizer and the model's generation config."""
+    ids = set()
+    for value in (getattr(tokenizer, "eos_token_id", None),
+                  getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return tuple(sorted(ids))
+
+
+def sampling_params(args, stops: tuple[int, ...], seed: int | None = None) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
+        seed=seed, stop_token_ids=() if args.ignore_eos else stops,
+    )
+
+
+def summarize(results: Sequence[GenerationResult], seconds: float) -> dict:
+    """Totals over results. mean_acceptance_length counts the bonus/recovered token."""
+    generated = sum(len(r.token_ids) for r in results)
+    drafted = sum(r.stats.drafted for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    steps = sum(r.stats.steps for r in results)
+    return {
+        "requests": len(results),
+        "errors": sum(r.error is not None for r in results),
+        "generated_tokens": generated,
+        "seconds": round(seconds, 4),
+        "tokens_per_s": round(generated / seconds, 3) if seconds > 0 else None,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "mean_acceptance_length": round((accepted + steps) / steps, 4) if steps else None,
+    }
+
+
+def print_json_line(document: dict) -> None:
+    sys.stdout.write(json.dumps(document, sort_keys=True) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,72 @@
+"""Build a target and a drafter from names, with a precision per model.
+
+Precisions: "float32" (the exact default), "bfloat16", and "int8" (dynamic int8 quantisation of
+every Linear layer, CPU only, meant for the draft). bf16 and int8 change the numerics: a k-token
+verification pass rounds differently from a 1-token pass, so greedy output may differ from plain
+fp32 decoding at near-ties. They never change the sampling law: the engine still emits exactly the
+distribution of the (bf16 or int8) target it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..assets import check_tokenizers_compatible, get_pair, load_model_and_tokenizer
+from .drafters import Drafter, NgramDrafter
+
+PRECISIONS = ("float32", "bfloat16", "int8")
+
+
+@dataclass
+class LoadedPair:
+    target: torch.nn.Module
+    draft: torch.nn.Module | Drafter | None  # what SpecEngine takes: a draft model, a drafter, or None
+    tokenizer: object  # the target's tokenizer; the draft is fed the same ids
+    target_name: str
+    draft_name: str  # a model name, "ngram" or "none"
+
+    @property
+    def draft_model(self) -> torch.nn.Module | None:
+        return self.draft if isinstance(self.draft, torch.nn.Module) else None
+
+
+def load_model(name: str, precision: str = "float32", progress: bool = True):
+    """(model, tokenizer) for a registry name, local directory or hub id, in `precision`."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    model, tokenizer = load_model_and_tokenizer(name, dtype="bfloat16" if precision == "bfloat16" else "float32",
+                                                progress=progress)
+    if precision == "int8":
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    return model.eval(), tokenizer
+
+
+def load_pair(
+    pair: str | None = None,
+    target: str | None = None,
+    draft: str | None = None,
+    target_precision: str = "float32",
+    draft_precision: str = "float32",
+    progress: bool = True,
+) -> LoadedPair:
+    """Load a named pair, or a target with a draft model name, "ngram" or "none".
+
+    Tokenizer compatibility between two models is checked, not assumed.
+    """
+    if pair is not None:
+        named = get_pair(pair)
+        target, draft = target or named.target, draft or named.draft
+    if target is None:
+        raise ValueError("name a pair or a target model")
+    draft = draft or "none"
+    target_model, tokenizer = load_model(target, target_precision, progress)
+    if draft == "none":
+        draft_part = None
+    elif draft == "ngram":
+        draft_part = NgramDrafter()
+    else:
+        draft_part, draft_tokenizer = load_model(draft, draft_precision, progress)
+        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    return LoadedPair(target_model, draft_part, tokenizer, target, draft)
