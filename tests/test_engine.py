@@ -311,3 +311,20 @@ def test_sliding_window_models_stay_exact_inside_the_window_and_refuse_beyond():
     assert result.error is None and result.token_ids == plain_greedy(target, [1, 2, 3], 16)
     refused = engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=30))[0]
     assert "sliding attention window" in refused.error
+
+
+def test_confidence_policy_stops_drafts_early_and_stays_exact(greedy_pair):
+    target, draft = greedy_pair
+    expected = plain_greedy(target, PROMPTS[1], 24)
+    eager = SpecEngine(target, draft, policy="confidence:0.0").generate([PROMPTS[1]], GREEDY)[0]
+    shy = SpecEngine(target, draft, policy="confidence:0.9").generate([PROMPTS[1]], GREEDY)[0]
+    assert eager.token_ids == expected and shy.token_ids == expected
+    assert shy.stats.drafted < eager.stats.drafted
+
+
+@pytest.mark.parametrize("policy", ["goodput", "hf-heuristic", "ema-tiers", "batch-table"])
+def test_adaptive_policies_keep_greedy_exact(greedy_pair, policy):
+    target, draft = greedy_pair
+    expected = [plain_greedy(target, p, 24) for p in PROMPTS]
+    results = SpecEngine(target, draft, policy=policy).generate(PROMPTS, GREEDY)
+    assert [r.token_ids for r in results] == expected

@@ -163,3 +163,22 @@ def test_ngram_drafter_matches_target_distribution(small_pair, name):
         p_value = chi_square_p_value(prompt_counts, exact_distribution(target, list(prompt), params),
                                      SAMPLES_PER_K_AND_PROMPT)
         assert p_value >= ALPHA, f"ngram {name}, prompt {prompt}: chi-square p = {p_value:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["goodput", "hf-heuristic", "confidence:0.3"])
+def test_adaptive_policies_stay_exact(small_pair, policy):
+    """k chosen online (goodput: from acceptance and timing; confidence: from the draft's own
+    probabilities) must not bias the output. 3 tests x 2 prompts at p < 1e-4: false-failure
+    probability below 0.06%."""
+    target, draft = small_pair
+    params = SamplingParams(**{**CONFIGS["temperature-0.7-top-k"].__dict__, "max_new_tokens": LENGTH})
+    engine = SpecEngine(target, draft, policy=policy, max_batch_size=2048, seed=5)
+    prompts = [list(p) for _ in range(SAMPLES_PER_K_AND_PROMPT) for p in PROMPTS]
+    results = engine.generate(prompts, params)
+    assert sum(r.stats.drafted for r in results) > 0
+    for index, (prompt, prompt_exact) in enumerate(zip(PROMPTS, [exact_distribution(target, list(p), params)
+                                                                  for p in PROMPTS])):
+        counts = Counter(tuple(r.token_ids) for r in results[index::len(PROMPTS)])
+        p_value = chi_square_p_value(counts, prompt_exact, SAMPLES_PER_K_AND_PROMPT)
+        assert p_value >= ALPHA, f"{policy}, prompt {prompt}: chi-square p = {p_value:.2e}"

@@ -2,6 +2,8 @@
 
 Layer 2: plain Python, no torch, so policies are cheap and testable with numbers alone.
 
+Policies by name live in `registry.py`; this module holds the protocol and the fixed-k policy.
+
 Each engine step the policy is shown one `RequestView` per running request and returns how many
 tokens each should draft (0 = verify only its last token, i.e. no speculation). After the step it is
 told what happened (`StepRecord`). The engine clamps the choice to what the request can still use
@@ -78,6 +80,9 @@ class Policy(Protocol):
 
     def observe(self, record: StepRecord) -> None: ...
 
+    # Optional: `min_draft_confidence: float`. When set, the engine stops a row's draft at the first
+    # position where the draft model's top probability (softmax of its raw logits) is below it.
+
 
 @dataclass
 class StaticPolicy:
@@ -98,20 +103,3 @@ class StaticPolicy:
 
     def observe(self, record: StepRecord) -> None:
         pass
-
-
-def parse_policy(spec: str | Policy) -> Policy:
-    """`"off"`, `"static:K"`, or any object implementing `Policy`."""
-    if isinstance(spec, Policy):
-        return spec
-    if not isinstance(spec, str):
-        raise TypeError(f"policy must be a string or a Policy object, got {type(spec).__name__}")
-    text = spec.strip().lower()
-    if text == "off":
-        return StaticPolicy(0)
-    if text.startswith("static:"):
-        value = text.split(":", 1)[1]
-        if not value.isdigit():
-            raise ValueError(f"policy {spec!r}: expected static:K with an integer K >= 0")
-        return StaticPolicy(int(value))
-    raise ValueError(f"unknown policy {spec!r}; known: 'off', 'static:K', or a Policy object")

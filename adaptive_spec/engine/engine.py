@@ -20,7 +20,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..control.policy import Policy, RequestOutcome, RequestView, StepRecord, parse_policy
+from ..control.policy import Policy, RequestOutcome, RequestView, StepRecord
+from ..control.registry import make_policy
 from ..modeling.drafters import Draft, Drafter, ModelDrafter, logits_width
 from ..modeling.kv import RaggedKV, same_length_groups
 from ..sampling.params import SamplingParams
@@ -33,8 +34,8 @@ class SpecEngine:
     """Exact speculative decoding over a Hugging Face causal LM.
 
     target: a transformers causal LM. draft: a causal LM sharing the target's tokenizer, a
-    `Drafter`, or None (no speculation possible; every k is 0). policy: "off", "static:K", or a
-    `Policy` object. max_k caps any k a policy picks; max_batch_size bounds running requests (the
+    `Drafter`, or None (no speculation possible; every k is 0). policy: a name ("off", "static:K",
+    "goodput", ...; see `control.registry`) or a `Policy` object. max_k caps any k a policy picks; max_batch_size bounds running requests (the
     rest wait, first come first served). seed feeds the generator that seeds requests without one.
     """
 
@@ -56,7 +57,7 @@ class SpecEngine:
                 f"draft and target vocabularies differ: the draft produces {self.drafter.vocab_size} logits, "
                 f"the target {self.vocab_size}; speculative decoding needs one shared tokenizer"
             )
-        self.policy = parse_policy(policy)
+        self.policy = make_policy(policy)
         if max_k < 0 or max_batch_size < 1:
             raise ValueError("max_k must be >= 0 and max_batch_size >= 1")
         self.max_k = max_k if self.drafter is not None else 0
@@ -178,7 +179,8 @@ class SpecEngine:
         started = time.perf_counter()
         limits = torch.as_tensor(ks)
         contexts = [r.tokens for r in self._running]
-        draft = self._guard_drafter(lambda: self.drafter.propose(contexts, ks, sampler.draft_sampler(limits)))
+        floor = float(getattr(self.policy, "min_draft_confidence", 0.0) or 0.0)
+        draft = self._guard_drafter(lambda: self.drafter.propose(contexts, ks, sampler.draft_sampler(limits, floor)))
         if draft is None:
             return empty, time.perf_counter() - started
         draft = Draft(draft.tokens, draft.probs, torch.minimum(draft.num_drafted, limits))

@@ -79,14 +79,18 @@ class StepSampler:
         probs, empty = process_logits(logits.reshape(rows * width, vocab), settings, seen, allowed)
         return probs.view(rows, width, vocab), empty.view(rows, width)
 
-    def draft_sampler(self, limits: torch.Tensor):
-        """A `DraftSampler` for this step; `limits` [rows] is each row's k."""
+    def draft_sampler(self, limits: torch.Tensor, min_confidence: float = 0.0):
+        """A `DraftSampler` for this step; `limits` [rows] is each row's k. With `min_confidence`,
+        a row stops drafting where the draft's top raw probability falls below it (a rule that looks
+        at the draft only, so exactness is untouched)."""
 
         def sample(position: int, logits: torch.Tensor, drafted: torch.Tensor):
             live = torch.where(limits > position, torch.full_like(limits, position), torch.full_like(limits, -1))
             probs, empty = self.probs(logits[:, None], drafted, position, live)
             probs, empty = probs[:, 0], empty[:, 0]
             ok = ~empty & finite_rows(logits)
+            if min_confidence > 0:
+                ok &= torch.softmax(logits.float(), dim=-1).amax(dim=-1) >= min_confidence
             tokens = sample_inverse_cdf(torch.where(ok[:, None], probs, 1.0), self.draft_uniforms[:, position]
                                         if position < self.draft_uniforms.shape[1] else torch.full((len(ok),), 0.5))
             return tokens, probs, ok

@@ -1,0 +1,109 @@
+"""Online acceptance estimation: per request, per drafted position, with a shared prior.
+
+Model. The j-th draft of a step is accepted with conditional probability a_j (given drafts 1..j-1
+were). A step that drafted k and accepted m tells us: positions 1..m succeeded, position m+1 failed
+(if m < k), positions after m+1 were not tried. Expected tokens emitted by a step at k, counting
+the recovered/bonus token:
+
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j          (= (1 - a^(k+1)) / (1 - a) for one rate a)
+
+Estimator. Each position j keeps Beta pseudo-counts: `successes_j + prior_strength * prior_j` over
+`trials_j + prior_strength`. The prior is what this drafter achieves across requests
+(`AcceptancePrior`), so a new request starts from it. Forgetting: every step, observed or not,
+multiplies the request's own counts by `decay`, so an estimate follows content that shifts (prose
+to code) and, while a request does not draft, drifts back toward the prior with growing
+uncertainty; that is what keeps k = 0 from being absorbing (see `optimistic_rates`).
+Positions beyond the longest ever tried share the last tried position's counts.
+
+Plain Python and math: microseconds per update.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+def expected_emitted(rates: list[float], k: int) -> float:
+    """E[tokens emitted | k drafts] for per-position conditional rates (bonus token included)."""
+    total, survive = 1.0, 1.0
+    for j in range(k):
+        survive *= rates[min(j, len(rates) - 1)]
+        total += survive
+    return total
+
+
+@dataclass
+class AcceptancePrior:
+    """Population acceptance per position, learned across all requests with slow forgetting."""
+
+    max_positions: int = 16
+    initial_rate: float = 0.6
+    decay: float = 0.999
+    pseudo_trials: float = 2.0  # weight of `initial_rate` before any data
+    successes: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.successes:
+            self.successes = [self.initial_rate * self.pseudo_trials] * self.max_positions
+            self.trials = [self.pseudo_trials] * self.max_positions
+
+    def rates(self) -> list[float]:
+        return [s / t for s, t in zip(self.successes, self.trials)]
+
+    def update(self, k: int, accepted: int) -> None:
+        for j in range(min(k, accepted + 1, self.max_positions)):
+            self.successes[j] = self.successes[j] * self.decay + (1.0 if j < accepted else 0.0)
+            self.trials[j] = self.trials[j] * self.decay + 1.0
+
+
+@dataclass
+class AcceptanceEstimator:
+    """One request's acceptance, per drafted position."""
+
+    prior: AcceptancePrior
+    decay: float = 0.9  # per step: about the last 10 steps dominate
+    prior_strength: float = 2.0  # the prior counts as this many trials
+    successes: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+
+    def update(self, k: int, accepted: int) -> None:
+        """Record one step (k = 0 steps only age the evidence)."""
+        self.successes = [s * self.decay for s in self.successes]
+        self.trials = [t * self.decay for t in self.trials]
+        tried = min(k, accepted + 1)
+        while len(self.trials) < tried:
+            self.successes.append(0.0)
+            self.trials.append(0.0)
+        for j in range(tried):
+            self.successes[j] += 1.0 if j < accepted else 0.0
+            self.trials[j] += 1.0
+
+    def rates(self, k_max: int) -> list[float]:
+        """Posterior mean a_j for j = 1..k_max."""
+        prior = self.prior.rates()
+        return [self._posterior(j, prior)[0] for j in range(k_max)]
+
+    def optimistic_rates(self, k_max: int, z: float = 1.0) -> list[float]:
+        """Posterior mean plus z standard deviations: larger where evidence is thin or stale."""
+        prior = self.prior.rates()
+        out = []
+        for j in range(k_max):
+            mean, n = self._posterior(j, prior)
+            out.append(min(1.0, mean + z * math.sqrt(mean * (1 - mean) / (n + 1))))
+        return out
+
+    def evidence(self) -> float:
+        """Effective trials at the first position (decays while the request does not draft)."""
+        return self.trials[0] if self.trials else 0.0
+
+    def _posterior(self, j: int, prior: list[float]) -> tuple[float, float]:
+        prior_rate = prior[min(j, len(prior) - 1)]
+        if self.trials:
+            own = min(j, len(self.trials) - 1)
+            s, t = self.successes[own], self.trials[own]
+        else:
+            s = t = 0.0
+        n = t + self.prior_strength
+        return (s + self.prior_strength * prior_rate) / n, n

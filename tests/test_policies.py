@@ -1,0 +1,201 @@
+"""Acceptance estimation, the goodput policy and the baselines, with synthetic numbers (no models)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from adaptive_spec.control import (AcceptanceEstimator, AcceptancePrior, BatchTablePolicy, EmaTiersPolicy,
+                                   GoodputConfig, GoodputPolicy, HFHeuristicPolicy, RequestOutcome, RequestView,
+                                   StepRecord, expected_emitted, known_policies, make_policy)
+from adaptive_spec.control.policy import AcceptanceHistory
+
+PRESETS = Path(__file__).resolve().parents[1] / "policies"
+
+
+class LinearCosts:
+    """step(B, K) = B * (draft * K + verify * (1 + slope * K)) + fixed: a known, simple machine."""
+
+    def __init__(self, draft=0.3, verify=1.0, slope=0.1, fixed=0.0):
+        self.draft, self.verify, self.slope, self.fixed = draft, verify, slope, fixed
+        self.observed = 0
+
+    def step_seconds_table(self, batch, context, k_max):
+        return [batch * (self.draft * k + self.verify * (1 + self.slope * k)) + self.fixed for k in range(k_max + 1)]
+
+    def observe(self, record):
+        self.observed += 1
+
+
+def views(n, max_k=8, remaining=100):
+    return [RequestView(f"r{i}", 100, remaining, max_k, AcceptanceHistory()) for i in range(n)]
+
+
+def run(policy, acceptance, steps, batch=1, rng=None):
+    """Drive a policy with requests whose drafts are accepted i.i.d. with `acceptance` per request."""
+    rng = rng or random.Random(0)
+    rates = acceptance if isinstance(acceptance, list) else [acceptance] * batch
+    chosen = []
+    for _ in range(steps):
+        ks = policy.choose(views(batch))
+        outcomes = []
+        for i, k in enumerate(ks):
+            accepted = 0
+            while accepted < k and rng.random() < rates[i]:
+                accepted += 1
+            outcomes.append(RequestOutcome(f"r{i}", k, accepted, accepted + 1))
+        policy.observe(StepRecord(batch, max(ks), (100,) * batch, tuple(outcomes), 0.0, 0.0, 0.0))
+        chosen.append(ks)
+    return chosen
+
+
+def test_expected_emitted_formula():
+    assert expected_emitted([0.5], 3) == pytest.approx((1 - 0.5 ** 4) / (1 - 0.5))
+    assert expected_emitted([0.9, 0.5], 2) == pytest.approx(1 + 0.9 + 0.45)
+    assert expected_emitted([0.3], 0) == 1.0
+
+
+def test_near_zero_acceptance_turns_speculation_off():
+    policy = GoodputPolicy(LinearCosts(), GoodputConfig(prior_rate=0.05))
+    chosen = run(policy, 0.02, 60)
+    tail = [ks[0] for ks in chosen[-40:]]
+    assert tail.count(0) >= 35  # off, apart from rare probes
+
+
+def test_cheap_accurate_draft_gets_a_large_k():
+    policy = GoodputPolicy(LinearCosts(draft=0.05, slope=0.02))
+    chosen = run(policy, 0.95, 40)
+    assert chosen[-1][0] >= 6
+
+
+def test_costly_draft_or_large_batch_lowers_k():
+    def settled_k(costs, batch):
+        policy = GoodputPolicy(costs, GoodputConfig(prior_rate=0.7))
+        return run(policy, 0.7, 40, batch=batch)[-1][0]
+
+    cheap = settled_k(LinearCosts(draft=0.05, slope=0.05), 1)
+    costly = settled_k(LinearCosts(draft=0.6, slope=0.05), 1)
+    assert cheap > costly
+    # Compute-bound large batch: verify cost per token grows with the batch's total query tokens.
+    assert settled_k(LinearCosts(draft=0.05, slope=0.4), 16) < cheap
+
+
+def test_joint_choice_matches_brute_force_on_random_instances():
+    rng = random.Random(1)
+    for trial in range(40):
+        batch, k_max = rng.randint(1, 3), rng.randint(1, 4)
+        costs = LinearCosts(draft=rng.uniform(0.0, 0.8), verify=1.0, slope=rng.uniform(0.0, 0.6),
+                            fixed=rng.uniform(0, 0.5))
+        policy = GoodputPolicy(costs, GoodputConfig(max_k=k_max, hysteresis=0.0, exploration_z=0.0))
+        caps = [rng.randint(0, k_max) for _ in range(batch)]
+        rates = [[rng.uniform(0.05, 0.99) for _ in range(k_max)] for _ in range(batch)]
+        requests = [RequestView(f"r{i}", 50, 100, caps[i], AcceptanceHistory()) for i in range(batch)]
+        policy.choose(requests)  # create the states, then pin their estimates to known rates
+        for state, r in zip(policy._requests.values(), rates):
+            state.estimator.optimistic_rates = lambda k, z, r=r: r[:k]
+        chosen = policy.choose(requests)
+        table = costs.step_seconds_table(batch, 50, k_max)
+
+        def goodput(ks):
+            return sum(expected_emitted(r, k) for r, k in zip(rates, ks)) / table[max(ks)]
+
+        best = max(goodput(ks) for ks in itertools.product(*[range(c + 1) for c in caps]))
+        assert goodput(chosen) == pytest.approx(best, rel=1e-9), (trial, chosen)
+
+
+def test_speculation_comes_back_when_acceptance_returns():
+    policy = GoodputPolicy(LinearCosts(draft=0.1, slope=0.05))
+    rng = random.Random(2)
+    off_phase = run(policy, 0.0, 80, rng=rng)
+    assert [ks[0] for ks in off_phase[-20:]].count(0) >= 15
+    back = run(policy, 0.95, 200, rng=rng)
+    assert max(ks[0] for ks in back[-20:]) >= 4  # probes found the good acceptance and k grew again
+
+
+def test_probing_cost_is_bounded():
+    policy = GoodputPolicy(LinearCosts(draft=0.5, slope=0.2), GoodputConfig(prior_rate=0.05))
+    chosen = run(policy, 0.0, 1000)
+    probes = sum(1 for ks in chosen[200:] if ks[0])
+    assert 0 < probes <= 800 / 64  # backed off to one probe per >= 64 steps
+
+
+def test_estimator_tracks_a_step_change():
+    estimator = AcceptanceEstimator(AcceptancePrior(initial_rate=0.5), decay=0.9)
+    rng = random.Random(3)
+    for rate in (0.9, 0.2):
+        for _ in range(60):
+            k = 4
+            accepted = 0
+            while accepted < k and rng.random() < rate:
+                accepted += 1
+            estimator.update(k, accepted)
+        assert estimator.rates(1)[0] == pytest.approx(rate, abs=0.15)
+
+
+def test_estimator_uncertainty_grows_while_not_drafting():
+    estimator = AcceptanceEstimator(AcceptancePrior(initial_rate=0.3), decay=0.9)
+    for _ in range(30):
+        estimator.update(3, 0)
+    before = estimator.optimistic_rates(1, z=1.0)[0] - estimator.rates(1)[0]
+    for _ in range(60):  # 0.9^60 leaves 2% of the old evidence
+        estimator.update(0, 0)
+    after = estimator.optimistic_rates(1, z=1.0)[0] - estimator.rates(1)[0]
+    assert after > before
+    assert estimator.rates(1)[0] == pytest.approx(0.3, abs=0.05)  # back near the prior
+
+
+def test_hysteresis_prevents_flapping():
+    class Tie(LinearCosts):
+        def step_seconds_table(self, batch, context, k_max):
+            return [1.0, 1.0 * 1.5 / 1.49] + [10.0] * (k_max - 1)  # k=1 barely loses to k=0 at a = 0.49
+
+    policy = GoodputPolicy(Tie(), GoodputConfig(hysteresis=0.05, exploration_z=0.0, prior_rate=0.5, max_k=2))
+    chosen = [ks[0] for ks in run(policy, 0.5, 100)]
+    switches = sum(a != b for a, b in zip(chosen, chosen[1:]))
+    assert switches <= 6
+
+
+def test_hf_heuristic_schedule():
+    policy = HFHeuristicPolicy()
+    assert policy.choose(views(1)) == [5]
+    policy.observe(StepRecord(1, 5, (1,), (RequestOutcome("r0", 5, 5, 6),), 0, 0, 0))
+    assert policy.choose(views(1)) == [7]
+    for _ in range(10):
+        policy.observe(StepRecord(1, 7, (1,), (RequestOutcome("r0", 7, 0, 1),), 0, 0, 0))
+    assert policy.choose(views(1)) == [1]
+
+
+def test_ema_tiers_and_batch_table():
+    policy = EmaTiersPolicy(tiers=(1, 3, 7), alpha=1.0)
+    policy.observe(StepRecord(1, 3, (1,), (RequestOutcome("r0", 3, 3, 4),), 0, 0, 0))
+    assert policy.choose(views(1)) == [7]
+    policy.observe(StepRecord(1, 7, (1,), (RequestOutcome("r0", 7, 0, 1),), 0, 0, 0))
+    assert policy.choose(views(1)) == [1]
+    table = BatchTablePolicy({1: 4, 4: 2}, off_above=6)
+    assert table.choose(views(1)) == [4] and table.choose(views(3)) == [4, 4, 4]
+    assert table.choose(views(5))[0] == 2 and table.choose(views(7)) == [0] * 7
+
+
+def test_every_preset_loads_and_names_resolve():
+    for path in PRESETS.glob("*.toml"):
+        assert make_policy(str(path)) is not None
+        assert path.stem in known_policies()
+    assert make_policy("goodput").config == GoodputConfig()  # the preset holds the defaults
+    assert make_policy("static:4").k == 4 and make_policy("confidence:0.3").min_draft_confidence == 0.3
+
+
+@pytest.mark.parametrize("text, message", [
+    ('policy = "goodput"\n[params]\nmax_k = -1\n', "max_k"),
+    ('policy = "goodput"\n[params]\nspeed = 3\n', "unknown settings"),
+    ('policy = "warp"\n', "'policy' must be one of"),
+    ('policy = "static"\n[params]\nk = "x"\n', "k"),
+    ('policy = [', "not valid TOML"),
+])
+def test_bad_presets_are_clear_errors(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        make_policy(str(path))
