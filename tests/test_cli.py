@@ -70,7 +70,7 @@ def test_bench_compares_configs_side_by_side(tiny_model_dirs, capsys):
                  "--policies", "off,static:2", "--temperatures", "0", "--max-new-tokens", "6", "--no-chat"])
     document = last_json(capsys)
     assert code == 0
-    assert set(document["tokens_per_s"]) == {"hf-plain", "hf-assisted", "off", "static:2"}
+    assert set(document["tokens_per_s"]) == {"hf-plain", "hf-assisted", "hf-heuristic", "off", "static:2"}
     assert all(v > 0 for v in document["tokens_per_s"].values())
     plain = next(r for r in document["runs"] if r["config"] == "hf-plain")
     assert plain["ratio_to_hf_plain"] == 1.0

@@ -322,7 +322,7 @@ def test_confidence_policy_stops_drafts_early_and_stays_exact(greedy_pair):
     assert shy.stats.drafted < eager.stats.drafted
 
 
-@pytest.mark.parametrize("policy", ["goodput", "hf-heuristic", "ema-tiers", "batch-table"])
+@pytest.mark.parametrize("policy", ["goodput", "heuristic", "ema-tiers", "batch-table"])
 def test_adaptive_policies_keep_greedy_exact(greedy_pair, policy):
     target, draft = greedy_pair
     expected = [plain_greedy(target, p, 24) for p in PROMPTS]

@@ -166,7 +166,7 @@ def test_ngram_drafter_matches_target_distribution(small_pair, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["goodput", "hf-heuristic", "confidence:0.3"])
+@pytest.mark.parametrize("policy", ["goodput", "heuristic", "confidence:0.3"])
 def test_adaptive_policies_stay_exact(small_pair, policy):
     """k chosen online (goodput: from acceptance and timing; confidence: from the draft's own
     probabilities) must not bias the output. 3 tests x 2 prompts at p < 1e-4: false-failure

@@ -8,6 +8,7 @@ import sys
 from ..assets.cli import add_models_commands, run_models
 from .bench import add_bench_command, run_bench
 from .generate import add_generate_command, run_generate
+from .policy_cost import add_policy_cost_command, run_policy_cost
 
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, PermissionError)
 
@@ -18,10 +19,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate_command(subparsers)
     add_bench_command(subparsers)
     add_models_commands(subparsers)
+    add_policy_cost_command(subparsers)
     return parser
 
 
-COMMANDS = {"generate": run_generate, "bench": run_bench, "models": run_models}
+COMMANDS = {"generate": run_generate, "bench": run_bench, "models": run_models, "policy-cost": run_policy_cost}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,9 @@
 """`adaptive-spec bench`: plain Hugging Face decoding, HF assisted generation and engine policies on
 the same prompts, in one process, side by side.
 
+Configurations: `hf-plain`, `hf-assisted`, `hf-heuristic` (Hugging Face's own implementations; the
+assisted ones need a draft model) and any engine policies by name.
+
 Regime: batch size 1 (the latency regime where speculation can pay), prompts run one at a time.
 Runs are interleaved prompt by prompt (every configuration on prompt 1, then on prompt 2, ...), so
 slow drift of a shared machine spreads over all configurations instead of biasing the last ones.
@@ -25,6 +28,14 @@ from .common import (add_model_options, add_prompt_options, encode_all, gather_p
 from ..sampling.params import SamplingParams
 
 DEFAULT_POLICIES = "off,static:1,static:2,static:3,static:4,static:5,static:6"
+# Hugging Face's own decoding: plain, assisted with its default settings (20 draft tokens, constant
+# schedule, confidence threshold 0.4), and assisted with its heuristic schedule from 5 (+2 / -1),
+# reset per call ("heuristic_transient") so prompts do not leak state into each other.
+HF_CONFIGS = {
+    "hf-plain": {},
+    "hf-assisted": {},
+    "hf-heuristic": {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic_transient"},
+}
 
 
 def add_bench_command(subparsers) -> None:
@@ -49,7 +60,8 @@ def run_bench(args) -> int:
     prompt_ids = encode_all(prompts, loaded.tokenizer, chat=not args.no_chat)
     stops = stop_ids(loaded.tokenizer, loaded.target)
     temperatures = [float(t) for t in args.temperatures.split(",")]
-    configs = ([] if args.no_hf else ["hf-plain"] + (["hf-assisted"] if loaded.draft_model is not None else []))
+    hf_configs = ["hf-plain"] + (["hf-assisted", "hf-heuristic"] if loaded.draft_model is not None else [])
+    configs = [] if args.no_hf else hf_configs
     configs += [p.strip() for p in args.policies.split(",") if p.strip()]
 
     runners = {name: _runner(name, loaded, stops, args) for name in configs}
@@ -105,8 +117,9 @@ def run_bench(args) -> int:
 
 def _runner(name: str, loaded, stops: tuple[int, ...], args):
     """A callable (ids, temperature, max_new_tokens, seed) -> (generated tokens, GenerationResult | None)."""
-    if name in ("hf-plain", "hf-assisted"):
-        assistant = loaded.draft_model if name == "hf-assisted" else None
+    if name in HF_CONFIGS:
+        assistant = None if name == "hf-plain" else loaded.draft_model
+        schedule = HF_CONFIGS[name]
 
         def run_hf(ids, temperature, max_new_tokens, seed):
             torch.manual_seed(seed)
@@ -116,7 +129,7 @@ def _runner(name: str, loaded, stops: tuple[int, ...], args):
                 out = loaded.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                              max_new_tokens=max_new_tokens, eos_token_id=list(stops) or None,
                                              pad_token_id=stops[0] if stops else None, assistant_model=assistant,
-                                             **sampling)
+                                             **schedule, **sampling)
             return out.shape[1] - len(ids), None
 
         return run_hf

@@ -1,6 +1,7 @@
 """Peer engines' speculation-length rules behind our `Policy` protocol, for like-for-like comparison.
 
-- `HFHeuristicPolicy`: Hugging Face assisted generation's "heuristic" schedule, per request:
+- `HFHeuristicPolicy` ("heuristic"): Hugging Face assisted generation's heuristic schedule, per request
+  (named so that `bench` can keep "hf-heuristic" for Hugging Face's own implementation):
   start at `start`; after a step, +2 if every draft was accepted, else -1; never below `floor`.
 - `ConfidencePolicy` ("confidence:P"): draft up to `max_k`, but stop a row's draft at the first
   position where the draft model's top probability (softmax of its raw logits) is below P
@@ -24,11 +25,11 @@ from .policy import RequestView, StepRecord
 class HFHeuristicPolicy:
     start: int = 5
     floor: int = 1
-    name: str = "hf-heuristic"
+    name: str = "heuristic"
 
     def __post_init__(self) -> None:
         if not 0 <= self.floor <= self.start:
-            raise ValueError(f"hf-heuristic needs 0 <= floor <= start, got floor={self.floor}, start={self.start}")
+            raise ValueError(f"heuristic needs 0 <= floor <= start, got floor={self.floor}, start={self.start}")
         self._k: dict[str, int] = {}
 
     def choose(self, requests: Sequence[RequestView]) -> list[int]:

@@ -1,4 +1,4 @@
-"""Policies by name: `off`, `static:K`, `goodput`, `hf-heuristic`, `confidence:P`, `ema-tiers`,
+"""Policies by name: `off`, `static:K`, `goodput`, `heuristic`, `confidence:P`, `ema-tiers`,
 `batch-table`, a preset name from the `policies/` folder, or a path to a preset TOML file.
 
 A preset is a small TOML file:
@@ -36,7 +36,7 @@ KINDS: dict[str, Callable[[dict, StepCost | None], Policy]] = {
     "off": lambda params, _: _build(StaticPolicy, {"k": 0, **params}, "off"),
     "static": lambda params, _: _build(StaticPolicy, params, "static"),
     "goodput": _goodput,
-    "hf-heuristic": lambda params, _: _build(HFHeuristicPolicy, params, "hf-heuristic"),
+    "heuristic": lambda params, _: _build(HFHeuristicPolicy, params, "heuristic"),
     "confidence": lambda params, _: _build(ConfidencePolicy, params, "confidence"),
     "ema-tiers": lambda params, _: _build(EmaTiersPolicy, params, "ema-tiers"),
     "batch-table": lambda params, _: _build(BatchTablePolicy, params, "batch-table"),
@@ -91,7 +91,7 @@ def known_policies() -> list[str]:
 
 
 def _shorthand(kind: str, value: str, spec: str) -> dict[str, Any]:
-    if kind in ("off", "goodput", "hf-heuristic", "ema-tiers", "batch-table"):
+    if kind in ("off", "goodput", "heuristic", "ema-tiers", "batch-table"):
         if value:
             raise ValueError(f"policy {spec!r}: {kind} takes no ':value' (use a preset file for settings)")
         return {}

@@ -1,0 +1,50 @@
+"""`adaptive-spec policy-cost`: how long a policy's decision takes, per request per step.
+
+Drives `choose` + `observe` with synthetic requests (i.i.d. acceptance) at several batch sizes and
+reports microseconds per request per step; the decision must stay well under 1% of a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from ..control import AcceptanceHistory, RequestOutcome, RequestView, StepRecord, make_policy
+from .common import print_json_line
+
+
+def add_policy_cost_command(subparsers) -> None:
+    parser = subparsers.add_parser("policy-cost", help="microseconds per request per step of a policy's decision",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--policy", default="goodput")
+    parser.add_argument("--batch-sizes", default="1,8,64")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--acceptance", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run_policy_cost(args) -> int:
+    rng = random.Random(args.seed)
+    results = {}
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        policy = make_policy(args.policy)
+        histories = [AcceptanceHistory() for _ in range(batch)]
+        elapsed = 0.0
+        for step in range(args.steps):
+            views = [RequestView(f"r{i}", 200 + step, 500, 8, histories[i]) for i in range(batch)]
+            started = time.perf_counter()
+            ks = policy.choose(views)
+            chose = time.perf_counter()
+            outcomes = []
+            for i, k in enumerate(ks):
+                accepted = next((j for j in range(k) if rng.random() > args.acceptance), k)
+                outcomes.append(RequestOutcome(f"r{i}", k, accepted, accepted + 1))
+            record = StepRecord(batch, max(ks), tuple(200 + step for _ in ks), tuple(outcomes), 0.01, 0.05, 0.065)
+            observe_started = time.perf_counter()
+            policy.observe(record)
+            elapsed += (chose - started) + (time.perf_counter() - observe_started)
+        results[str(batch)] = round(1e6 * elapsed / (args.steps * batch), 2)
+        print(f"batch {batch:>4}: {results[str(batch)]:>8.2f} us per request per step")
+    print_json_line({"policy": args.policy, "steps": args.steps, "us_per_request_per_step": results})
+    return 0
