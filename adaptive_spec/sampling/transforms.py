@@ -41,6 +41,13 @@ def process_logits(
     and the caller decides what that means (an error if the row must emit, nothing otherwise).
     """
     logits = logits.float()
+    greedy = settings.temperature == 0
+    if seen is None and allowed is None and bool(greedy.all()):  # the common greedy case: no softmax needed
+        best, index = logits.max(dim=-1, keepdim=True)
+        probs = torch.zeros_like(logits).scatter_(-1, index, 1.0)
+        empty = torch.isneginf(best.squeeze(-1))
+        probs[empty] = 0.0
+        return probs, empty
     if seen is not None:
         penalty = settings.repetition_penalty[:, None]
         penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
@@ -49,7 +56,6 @@ def process_logits(
         logits = logits.masked_fill(~allowed, NEG_INF)
     empty = torch.isneginf(logits).all(dim=-1)
 
-    greedy = settings.temperature == 0
     temperature = torch.where(greedy, torch.ones_like(settings.temperature), settings.temperature)
     probs = torch.softmax(logits / temperature[:, None], dim=-1)
 
