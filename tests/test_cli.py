@@ -74,3 +74,24 @@ def test_bench_compares_configs_side_by_side(tiny_model_dirs, capsys):
     assert all(v > 0 for v in document["tokens_per_s"].values())
     plain = next(r for r in document["runs"] if r["config"] == "hf-plain")
     assert plain["ratio_to_hf_plain"] == 1.0
+
+
+def test_goodput_with_a_foreign_profile_warns_and_runs(tiny_model_dirs, capsys):
+    import warnings
+
+    from adaptive_spec.cli.common import PROFILES_DIR
+
+    target, draft, _ = tiny_model_dirs
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(["generate", "--target", target, "--draft", draft, "--prompt", PROMPT, "--policy", "goodput",
+                     "--profile", str(PROFILES_DIR / "tiny-test.json"), "--max-new-tokens", "8", "--ignore-eos"])
+    assert code == 0 and last_json(capsys)["generated_tokens"] == 8
+    assert any("profile" in str(w.message).lower() for w in caught)  # made for other models: a clear warning
+
+
+def test_missing_profile_is_a_clear_error(tiny_model_dirs, capsys):
+    target, draft, _ = tiny_model_dirs
+    code = main(["generate", "--target", target, "--draft", draft, "--prompt", PROMPT, "--policy", "goodput",
+                 "--profile", "no-such-profile.json"])
+    assert code == 2 and "no-such-profile.json" in capsys.readouterr().err

@@ -10,7 +10,10 @@ from .bench import add_bench_command, run_bench
 from .generate import add_generate_command, run_generate
 from .policy_cost import add_policy_cost_command, run_policy_cost
 
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, PermissionError)
+from ..assets import FetchError
+from ..profiling.profile_file import ProfileError
+
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, PermissionError, FetchError, ProfileError)
 
 
 def build_parser() -> argparse.ArgumentParser:

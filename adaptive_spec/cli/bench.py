@@ -22,9 +22,10 @@ import time
 import torch
 from tqdm import tqdm
 
+from ..control import make_policy
 from ..engine import SpecEngine
 from .common import (add_model_options, add_prompt_options, encode_all, gather_prompts, load_models,
-                     print_json_line, stop_ids, summarize)
+                     policy_factory, print_json_line, stop_ids, summarize)
 from ..sampling.params import SamplingParams
 
 DEFAULT_POLICIES = "off,static:1,static:2,static:3,static:4,static:5,static:6"
@@ -44,6 +45,7 @@ def add_bench_command(subparsers) -> None:
     add_model_options(parser)
     add_prompt_options(parser)
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated engine policies")
+    parser.add_argument("--profile", default="auto", help="latency profile for goodput: a file, 'auto' or 'none'")
     parser.add_argument("--temperatures", default="0,0.7", help="comma-separated; 0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -64,7 +66,8 @@ def run_bench(args) -> int:
     configs = [] if args.no_hf else hf_configs
     configs += [p.strip() for p in args.policies.split(",") if p.strip()]
 
-    runners = {name: _runner(name, loaded, stops, args) for name in configs}
+    cost_model = policy_factory(args, loaded)
+    runners = {name: _runner(name, loaded, stops, args, cost_model) for name in configs}
     for name, run in runners.items():  # warm-up: first calls allocate and pick kernels
         run(prompt_ids[0][:16], 0.0, 4, 0)
 
@@ -115,8 +118,11 @@ def run_bench(args) -> int:
     return 0
 
 
-def _runner(name: str, loaded, stops: tuple[int, ...], args):
-    """A callable (ids, temperature, max_new_tokens, seed) -> (generated tokens, GenerationResult | None)."""
+def _runner(name: str, loaded, stops: tuple[int, ...], args, cost_model):
+    """A callable (ids, temperature, max_new_tokens, seed) -> (generated tokens, GenerationResult | None).
+
+    An engine policy is built once per configuration and kept across prompts, as in a long-running
+    server: what it learns (acceptance priors, online cost corrections) carries over."""
     if name in HF_CONFIGS:
         assistant = None if name == "hf-plain" else loaded.draft_model
         schedule = HF_CONFIGS[name]
@@ -134,8 +140,10 @@ def _runner(name: str, loaded, stops: tuple[int, ...], args):
 
         return run_hf
 
+    policy = make_policy(name, cost_model)
+
     def run_engine(ids, temperature, max_new_tokens, seed):
-        engine = SpecEngine(loaded.target, loaded.draft, policy=name, seed=seed)
+        engine = SpecEngine(loaded.target, loaded.draft, policy=policy, seed=seed)
         params = SamplingParams(temperature=temperature, top_p=args.top_p if temperature > 0 else 1.0,
                                 max_new_tokens=max_new_tokens, seed=seed, stop_token_ids=stops)
         result = engine.generate([ids], params)[0]

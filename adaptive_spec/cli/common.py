@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Sequence
 
+from pathlib import Path
+
 from ..assets import Prompt, encode_prompt, load_humaneval, load_jsonl, load_sharegpt
 from ..engine.request import GenerationResult
 from ..modeling.loading import PRECISIONS, LoadedPair, load_pair
@@ -47,6 +49,48 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-new-tokens", type=int, default=128)
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
+
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+
+
+def add_policy_options(parser: argparse.ArgumentParser, default: str) -> None:
+    group = parser.add_argument_group("policy")
+    group.add_argument("--policy", default=default,
+                       help="off | static:K | goodput | heuristic | confidence:P | ema-tiers | batch-table | a preset "
+                            "name from policies/ | a preset .toml path")
+    group.add_argument("--profile", default="auto",
+                       help="latency profile for the goodput policy: a JSON file, 'auto' (a profile in profiles/ "
+                            "made for these models, if any) or 'none' (learn costs online from a generic start)")
+
+
+def policy_factory(args, loaded: LoadedPair):
+    """A zero-argument cost-model factory for `make_policy`: loads the profile only if a policy needs it."""
+
+    def cost_model():
+        from ..profiling.profile_file import load_cost_model
+
+        path = find_profile(loaded) if args.profile == "auto" else None if args.profile == "none" else args.profile
+        if path is None:
+            print("[no latency profile for these models: goodput learns step costs online]", file=sys.stderr)
+            return None
+        print(f"[latency profile: {path}]", file=sys.stderr)
+        return load_cost_model(path, loaded.target, loaded.draft_model)
+
+    return cost_model
+
+
+def find_profile(loaded: LoadedPair) -> Path | None:
+    """The first profile in profiles/ whose fingerprint names these target and draft models."""
+    for path in sorted(PROFILES_DIR.glob("*.json")):
+        try:
+            models = json.loads(path.read_text()).get("fingerprint", {}).get("models", {})
+        except (OSError, ValueError):
+            continue
+        if (models.get("target", {}).get("name") == loaded.target_name
+                and models.get("draft", {}).get("name") == loaded.draft_name):
+            return path
+    return None
 
 
 def load_models(args) -> LoadedPair:

@@ -8,9 +8,10 @@ import json
 import sys
 import time
 
+from ..control import make_policy
 from ..engine import SpecEngine
-from .common import (add_model_options, add_prompt_options, add_sampling_options, encode_all, gather_prompts,
-                     load_models, print_json_line, sampling_params, stop_ids, summarize)
+from .common import (add_model_options, add_policy_options, add_prompt_options, add_sampling_options, encode_all,
+                     gather_prompts, load_models, policy_factory, print_json_line, sampling_params, stop_ids, summarize)
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring."
 
@@ -21,7 +22,7 @@ def add_generate_command(subparsers) -> None:
     add_model_options(parser)
     add_prompt_options(parser, default_prompt=DEFAULT_PROMPT)
     add_sampling_options(parser)
-    parser.add_argument("--policy", default="static:2", help="off | static:K | a Policy object's name")
+    add_policy_options(parser, default="goodput")
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together")
     parser.add_argument("--output-json", default=None, help="write per-prompt ids, text and stats here")
 
@@ -32,7 +33,8 @@ def run_generate(args) -> int:
     tokenizer = loaded.tokenizer
     prompt_ids = encode_all(prompts, tokenizer, chat=not args.no_chat)
     params = sampling_params(args, stop_ids(tokenizer, loaded.target))
-    engine = SpecEngine(loaded.target, loaded.draft, policy=args.policy, max_batch_size=args.max_batch_size,
+    policy = make_policy(args.policy, policy_factory(args, loaded))
+    engine = SpecEngine(loaded.target, loaded.draft, policy=policy, max_batch_size=args.max_batch_size,
                         seed=args.seed)
     stream = len(prompts) == 1
     results, errors = {}, {}

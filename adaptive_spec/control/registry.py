@@ -7,8 +7,9 @@ A preset is a small TOML file:
     [params]                    # that kind's config fields; unknown fields are errors
     max_k = 8
 
-The goodput policy needs a cost model; without one it starts from `CostModel.default()` and learns
-this machine's costs online.
+The goodput policy needs a cost model (pass one, or a zero-argument factory called only when a
+policy needs it); without one it starts from `CostModel.default()` and learns this machine's costs
+online.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ PRESET_DIRS_ENV = "ADAPTIVE_SPEC_POLICIES"
 REPO_PRESETS = Path(__file__).resolve().parents[2] / "policies"
 
 
-def _goodput(params: dict, cost_model: StepCost | None) -> GoodputPolicy:
+def _goodput(params: dict, cost_model: StepCost | Callable[[], StepCost | None] | None) -> GoodputPolicy:
+    if callable(cost_model) and not hasattr(cost_model, "step_seconds_table"):
+        cost_model = cost_model()  # a factory: only a policy that needs costs pays for loading them
     return GoodputPolicy(cost_model or CostModel.default(), _build(GoodputConfig, params, "goodput"))
 
 

@@ -1,0 +1,110 @@
+"""`adaptive-spec trace` (record acceptance traces from real models) and `adaptive-spec simulate`
+(replay traces through a policy with a cost profile's step times). The last stdout line of each is
+one JSON document.
+
+    adaptive-spec trace --pair qwen-coder --prompts FILE.jsonl --max-new-tokens 64 --temperature 0 --out TRACE.csv
+    adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policy goodput --batch-size 4
+    adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policy static:2 --rate 2 --num-requests 1000
+    adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policy oracle
+
+Trace format, replay semantics and the oracle: `adaptive_spec.simulation`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import add_model_options, add_prompt_options, add_sampling_options, print_json_line
+
+__all__ = ["add_trace_commands", "run_trace", "run_simulate"]
+
+
+def add_trace_commands(subparsers) -> None:
+    trace = subparsers.add_parser("trace", help="record an acceptance trace (target output + per-position accept probabilities)",
+                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_options(trace)
+    add_prompt_options(trace)
+    add_sampling_options(trace)
+    trace.add_argument("--out", required=True, help="trace file to write (CSV with a JSON header line)")
+    trace.add_argument("--workload", default=None, help="a label stored in the metadata (default: from the prompt source)")
+    trace.add_argument("--sharegpt-max-chars", type=int, default=1500, help="longest ShareGPT prompt, in characters")
+    trace.add_argument("--gen-policy", default="static:2", help="engine policy used to generate the outputs (exact either way)")
+    trace.add_argument("--gen-batch-size", type=int, default=4, help="engine batch size while generating")
+
+    sim = subparsers.add_parser("simulate", help="replay traces through a policy with a profile's step costs",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sim.add_argument("--trace", action="append", required=True, help="trace file (repeatable; requests are pooled)")
+    sim.add_argument("--profile", required=True, help="cost profile JSON (see `adaptive-spec profile`)")
+    sim.add_argument("--policy", default="goodput", help="a policy name (off, static:K, goodput, ...) or 'oracle'")
+    sim.add_argument("--batch-size", type=int, default=None,
+                     help="closed loop: concurrent requests (default 1); with --rate: the max batch size (default 64)")
+    sim.add_argument("--rate", type=float, default=None, help="open loop: Poisson arrivals, requests per second")
+    sim.add_argument("--num-requests", type=int, default=None, help="requests to simulate (default: the traces' count)")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--max-k", type=int, default=16, help="cap on any k, as the engine's max_k")
+    sim.add_argument("--no-prefill", action="store_true", help="do not charge prefill time at admission")
+
+
+def run_simulate(args) -> int:
+    from ..profiling.profile_file import ProfileError, load_profile
+    from ..simulation import load_traces, simulate
+
+    traces = load_traces(args.trace)
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as error:
+        raise ValueError(str(error)) from None
+    batch = args.batch_size if args.batch_size is not None else (64 if args.rate is not None else 1)
+    try:
+        report = simulate(traces, profile, args.policy, batch_size=batch, rate=args.rate,
+                          num_requests=args.num_requests, seed=args.seed, max_k=args.max_k,
+                          prefill=not args.no_prefill)
+    except ProfileError as error:
+        raise ValueError(str(error)) from None
+    report["traces"] = list(args.trace)
+    report["profile"] = profile.get("name")
+    lat = ", ".join(f"p{q} {report[f'latency_p{q}']:.3f}s" for q in (50, 90, 99) if report.get(f"latency_p{q}") is not None)
+    print(f"{report['policy']} batch={batch}{' rate=' + str(args.rate) if args.rate else ''}: "
+          f"{report['tokens_per_s']} tokens/s over {report['num_requests']} requests"
+          f"{' (upper bound)' if report.get('oracle') == 'upper-bound' else ''}; {lat}; "
+          f"acceptance {report['acceptance_rate']}, mean acceptance length {report['mean_acceptance_length']}; "
+          f"k histogram {report['k_histogram']}", file=sys.stderr)
+    print_json_line(report)
+    return 0
+
+
+def run_trace(args) -> int:
+    from ..assets import load_sharegpt
+    from .common import encode_all, gather_prompts, load_models, sampling_params, stop_ids
+
+    prompts = []
+    if args.prompt or args.prompts or args.humaneval:
+        sharegpt, args.sharegpt = args.sharegpt, 0
+        prompts += gather_prompts(args)
+        args.sharegpt = sharegpt
+    if args.sharegpt:
+        prompts += load_sharegpt(args.sharegpt, seed=args.seed, max_prompt_chars=args.sharegpt_max_chars)
+    if not prompts:
+        raise ValueError("no prompts: give --prompt, --prompts FILE.jsonl, --humaneval N or --sharegpt N")
+    from ..simulation.recorder import record_trace
+    from ..simulation.trace_file import save_trace
+
+    loaded = load_models(args)
+    ids = encode_all(prompts, loaded.tokenizer, chat=not args.no_chat)
+    stops = stop_ids(loaded.tokenizer, loaded.target)
+    params = [sampling_params(args, stops, seed=args.seed + i) for i in range(len(ids))]
+    sources = sorted({p.source for p in prompts})
+    meta = {"target": loaded.target_name, "draft": loaded.draft_name,
+            "workload": args.workload or "+".join(sources), "prompt_sources": sources,
+            "chat_template": not args.no_chat}
+    trace = record_trace(loaded.target, loaded.draft, ids, params, [p.id for p in prompts], meta,
+                         policy=args.gen_policy, max_batch_size=args.gen_batch_size, seed=args.seed,
+                         progress=lambda i, n: print(f"teacher-forced {i}/{n}", file=sys.stderr))
+    path = save_trace(trace, args.out)
+    summary = trace.summary()
+    print(f"wrote {path}: {summary['requests']} requests, {summary['positions']} positions, "
+          f"mean accept_prob {summary['mean_accept_prob']}", file=sys.stderr)
+    print_json_line({"out": str(path), **summary, "teacher_forcing_mismatches": trace.meta["teacher_forcing_mismatches"],
+                     "recording_seconds": trace.meta["recording_seconds"]})
+    return 0

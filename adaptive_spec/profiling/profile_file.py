@@ -1,0 +1,343 @@
+"""Profile files: JSON documents holding a machine's measured step costs, and their fingerprints.
+
+A profile is data, not code. Its top level (schema version 1):
+
+``format``          "adaptive-spec-profile"
+``schema_version``  1
+``name``, ``created_utc``, ``elapsed_seconds``
+``fingerprint``     the machine and models it was measured with (see `machine_fingerprint`,
+                    `model_fingerprint`): device, CPU/GPU model, torch version, threads, dtype,
+                    and per model (``target``, ``draft``) its architecture, parameter count and a
+                    hash of the latency-relevant config fields.
+``settings``        how it was measured (warm-up, repeats, cache fill, spread threshold, ...)
+``grid``            the requested axes: batch_sizes, contexts, query_tokens, draft_query_tokens,
+                    overhead_ks
+``target``          one row per (batch, context, query_tokens) cell of target forwards:
+                    ``samples`` (seconds), ``median``, ``iqr``, ``rel_spread`` (iqr / median)
+``draft``           the same for draft forwards (query_tokens 1 and 2: decode and catch-up)
+``overhead``        one row per (batch, k): the engine step's time outside model forwards, split
+                    like a `StepRecord`: ``draft_extra``, ``verify_extra``, ``rest`` (medians) and
+                    their ``*_samples``
+``warnings``        cells whose spread was high, and anything else worth knowing
+
+`profile_frame(profile, "target")` gives any table as a pandas DataFrame (one row per sample).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = [
+    "FORMAT",
+    "SCHEMA_VERSION",
+    "ProfileError",
+    "ProfileMismatchError",
+    "ProfileMismatchWarning",
+    "load_profile",
+    "save_profile",
+    "validate_profile",
+    "profile_frame",
+    "machine_fingerprint",
+    "model_fingerprint",
+    "config_hash",
+    "check_fingerprint",
+    "load_cost_model",
+]
+
+FORMAT = "adaptive-spec-profile"
+SCHEMA_VERSION = 1
+
+# The config fields that decide a forward's latency (names, token ids and versions do not).
+ARCHITECTURE_KEYS = (
+    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "hidden_act",
+    "use_sliding_window", "sliding_window", "attention_bias", "mlp_bias", "num_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "num_local_experts",
+)  # fmt: skip
+
+# Fingerprint fields compared against the running machine (others are informational).
+MACHINE_KEYS = ("device", "device_name", "torch_version", "threads")
+MODEL_KEYS = ("architecture", "parameters", "config_hash", "dtype")
+
+
+class ProfileError(RuntimeError):
+    """A profile file is missing, unreadable, corrupt, or does not fit where it is used."""
+
+
+class ProfileMismatchError(ProfileError):
+    """Under a strict check: the profile was measured on another machine or with other models."""
+
+
+class ProfileMismatchWarning(UserWarning):
+    """The profile was measured on another machine or with other models; its costs may be off."""
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def load_profile(path: str | os.PathLike) -> dict:
+    """Read and validate a profile; a missing, unreadable or corrupt file raises `ProfileError`
+    naming the file and what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"profile file {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ProfileError(f"profile file {str(path)!r} cannot be read: {error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ProfileError(f"profile file {str(path)!r} is not valid JSON (corrupt or truncated?): {error}") from None
+    validate_profile(data, source=str(path))
+    return data
+
+
+def save_profile(profile: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Write a profile atomically (a temporary sibling, then one rename)."""
+    validate_profile(profile, source=str(path))
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    text = _dumps(profile)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a profile is ordinary data
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _dumps(profile: Mapping[str, Any]) -> str:
+    """JSON with one table row per line: readable diffs, compact files."""
+    lines = ["{"]
+    items = list(profile.items())
+    for n, (key, value) in enumerate(items):
+        comma = "," if n < len(items) - 1 else ""
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            rows = [f"  {json.dumps(row, separators=(',', ':'))}" for row in value]
+            lines.append(f"{json.dumps(key)}: [\n" + ",\n".join(rows) + f"\n]{comma}")
+        else:
+            lines.append(f"{json.dumps(key)}: {_pretty(value, 1)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _pretty(value: Any, depth: int) -> str:
+    """Indented JSON whose lists of plain values stay on one line."""
+    pad = " " * depth
+    if isinstance(value, Mapping) and value:
+        items = [f"{pad}{json.dumps(str(k))}: {_pretty(v, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * (depth - 1) + "}"
+    if isinstance(value, list) and any(isinstance(v, (Mapping, list)) or (isinstance(v, str) and len(v) > 40) for v in value):
+        items = [f"{pad}{_pretty(v, depth + 1)}" for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + " " * (depth - 1) + "]"
+    return json.dumps(value, separators=(", ", ": "))
+
+
+def _row_problem(row: Any, keys: tuple[str, ...]) -> str | None:
+    if not isinstance(row, Mapping):
+        return "a row is not an object"
+    for key in keys:
+        if key not in row:
+            return f"a row lacks {key!r}"
+    median = row.get("median")
+    if median is not None and not (isinstance(median, (int, float)) and math.isfinite(median) and median > 0):
+        return f"a row has median {median!r} (need a positive number)"
+    return None
+
+
+def validate_profile(data: Any, source: str = "<profile>") -> None:
+    """Raise `ProfileError` naming `source` unless `data` is a well-formed profile document."""
+    def fail(message: str):
+        raise ProfileError(f"profile {source!r} is not a valid profile: {message}")
+
+    if not isinstance(data, Mapping):
+        fail(f"the top level is {type(data).__name__}, not an object")
+    if data.get("format") != FORMAT:
+        fail(f"'format' is {data.get('format')!r}, expected {FORMAT!r}")
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        fail("'schema_version' is missing")
+    if version > SCHEMA_VERSION:
+        fail(f"schema_version {version} is newer than this code understands ({SCHEMA_VERSION}); upgrade adaptive-spec")
+    if not isinstance(data.get("fingerprint"), Mapping):
+        fail("'fingerprint' is missing")
+    target = data.get("target")
+    if not isinstance(target, list) or not target:
+        fail("'target' has no measurements")
+    for name, keys in (("target", ("batch", "context", "query_tokens", "median")),
+                       ("draft", ("batch", "context", "query_tokens", "median")),
+                       ("overhead", ("batch", "k", "draft_extra", "verify_extra", "rest"))):  # fmt: skip
+        rows = data.get(name) or []
+        if not isinstance(rows, list):
+            fail(f"{name!r} is not a list")
+        for row in rows:
+            problem = _row_problem(row, keys)
+            if problem:
+                fail(f"{name}: {problem}")
+
+
+def profile_frame(profile: Mapping[str, Any], component: str = "target", samples: bool = True):
+    """A pandas DataFrame of one table ("target", "draft" or "overhead"): one row per sample
+    (column ``seconds``) when `samples`, else one row per cell with its median and spread."""
+    import pandas as pd
+
+    rows = profile.get(component) or []
+    if component == "overhead":
+        return pd.DataFrame([{k: v for k, v in row.items() if not k.endswith("_samples")} for row in rows])
+    if not samples:
+        return pd.DataFrame([{k: v for k, v in row.items() if k != "samples"} for row in rows])
+    out = []
+    for row in rows:
+        for n, seconds in enumerate(row.get("samples") or [row["median"]]):
+            out.append({"batch": row["batch"], "context": row["context"], "query_tokens": row["query_tokens"],
+                        "sample": n, "seconds": seconds, "median": row["median"]})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def machine_fingerprint(device: str = "cpu") -> dict:
+    """The running machine as a profile records it."""
+    import torch
+    import transformers
+
+    device = str(device)
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        name, extra = "no GPU available", {}
+    elif kind == "cuda":
+        index = torch.device(device).index or 0
+        name = torch.cuda.get_device_name(index)
+        extra = {"cuda_version": torch.version.cuda, "gpu_count": torch.cuda.device_count()}
+    else:
+        name, extra = _cpu_model(), {}
+    return {
+        "device": kind,
+        "device_name": name,
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch_version": torch.__version__.split("+")[0],
+        "transformers_version": transformers.__version__,
+        "platform": platform.platform(terse=True),
+        "python": platform.python_version(),
+        **extra,
+    }
+
+
+def config_hash(config: Any) -> str:
+    """A short hash of the config fields that decide latency (`ARCHITECTURE_KEYS`)."""
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    picked = {key: data.get(key) for key in ARCHITECTURE_KEYS if data.get(key) is not None}
+    if "head_dim" not in picked and data.get("hidden_size") and data.get("num_attention_heads"):
+        picked["head_dim"] = data["hidden_size"] // data["num_attention_heads"]
+    text = json.dumps(picked, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_fingerprint(model: Any, name: str | None = None, random_weights: bool = False) -> dict:
+    """A model as a profile records it: architecture, parameter count, dtype, config hash."""
+    config = model.config
+    parameters = sum(p.numel() for p in model.parameters())
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    architectures = getattr(config, "architectures", None) or [type(model).__name__]
+    name = name or getattr(config, "_name_or_path", None) or type(model).__name__
+    if os.path.isdir(str(name)):  # a local directory: keep its last component, not the machine's path
+        name = os.path.basename(os.path.normpath(str(name)))
+    return {
+        "name": str(name),
+        "architecture": architectures[0],
+        "model_type": getattr(config, "model_type", None),
+        "parameters": int(parameters),
+        "dtype": dtype,
+        "config_hash": config_hash(config),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+        "hidden_size": getattr(config, "hidden_size", None),
+        "vocab_size": getattr(config, "vocab_size", None),
+        "random_weights": bool(random_weights),
+    }
+
+
+def check_fingerprint(profile: Mapping[str, Any], current: Mapping[str, Any], strict: bool = False,
+                      source: str | None = None) -> list[str]:  # fmt: skip
+    """Compare a profile's fingerprint with `current` (a fingerprint of the running machine and,
+    under ``models``, of the running models; roles absent from `current` are not compared).
+
+    Returns the differences, one string each ("threads: profile 2, here 16"). Any difference
+    warns with `ProfileMismatchWarning`, or raises `ProfileMismatchError` when `strict`.
+    """
+    recorded = profile.get("fingerprint") or {}
+    name = source or profile.get("name") or "profile"
+    differences = []
+    for key in MACHINE_KEYS:
+        if key in current and recorded.get(key) != current.get(key):
+            differences.append(f"{key}: profile {recorded.get(key)!r}, here {current.get(key)!r}")
+    recorded_models = recorded.get("models") or {}
+    for role, model in (current.get("models") or {}).items():
+        if model is None:
+            continue
+        theirs = recorded_models.get(role)
+        if theirs is None:
+            differences.append(f"{role}: the profile has no {role} model, here {model.get('architecture')!r}")
+            continue
+        for key in MODEL_KEYS:
+            if key in model and theirs.get(key) != model.get(key):
+                differences.append(f"{role}.{key}: profile {theirs.get(key)!r}, here {model.get(key)!r}")
+    if differences:
+        message = (f"profile {name!r} was measured on a different machine or with different models "
+                   f"({'; '.join(differences)}); its costs may be off until the online correction catches up")  # fmt: skip
+        if strict:
+            raise ProfileMismatchError(message)
+        warnings.warn(message, ProfileMismatchWarning, stacklevel=2)
+    return differences
+
+
+def load_cost_model(path: str | os.PathLike, target: Any = None, draft: Any = None, device: str | None = None,
+                    strict: bool = False, **options: Any):  # fmt: skip
+    """Load a profile, check it against this machine (and the given models), and build its
+    `CostModel`. A mismatch warns (raises under `strict`); a bad file raises `ProfileError`."""
+    from ..control.cost_model import CostModel
+
+    profile = load_profile(path)
+    if device is None:
+        device = str(next(target.parameters()).device) if target is not None else (profile["fingerprint"].get("device") or "cpu")
+    current = machine_fingerprint(device)
+    models = {}
+    if target is not None:
+        models["target"] = model_fingerprint(target)
+    if draft is not None and hasattr(draft, "parameters"):
+        models["draft"] = model_fingerprint(draft)
+    current["models"] = models
+    check_fingerprint(profile, current, strict=strict, source=str(path))
+    try:
+        return CostModel.from_profile(profile, **options)
+    except ValueError as error:
+        raise ProfileError(f"profile {str(path)!r} cannot give a cost model: {error}") from None
