@@ -87,8 +87,8 @@ def find_profile(loaded: LoadedPair) -> Path | None:
             models = json.loads(path.read_text()).get("fingerprint", {}).get("models", {})
         except (OSError, ValueError):
             continue
-        if (models.get("target", {}).get("name") == loaded.target_name
-                and models.get("draft", {}).get("name") == loaded.draft_name):
+        if ((models.get("target") or {}).get("name") == loaded.target_name
+                and (models.get("draft") or {}).get("name") == loaded.draft_name):
             return path
     return None
 

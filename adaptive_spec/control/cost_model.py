@@ -23,14 +23,23 @@ full width, which is at least the longest row.
 
 Interpolation (the grid's medians, per component):
 
-1. Missing cells (a failed or skipped measurement) are filled by 1-D interpolation along query
-   tokens, then context, then batch.
-2. Monotone: cost is made non-decreasing in batch, context and query tokens (a longer, wider or
-   fuller forward never costs less): an isotonic least-squares fit along each axis (noise is
-   averaged, not ratcheted up), then a running maximum along each axis, which keeps monotonicity
-   along the axes already done, so the result is monotone in all three.
+1. Missing cells (a failed or skipped measurement) are filled from their neighbours: along query
+   tokens, then context (or the nearest context's value), then batch.
+2. Monotone where the measurements allow (``monotone="measured"``, the default): cost is made
+   non-decreasing in context (more cached tokens never make a forward cheaper) by an isotonic
+   least-squares fit plus a running maximum. Along batch and query tokens only noise-sized drops
+   (at most ``noise_tolerance``, 5%) are pooled; larger repeatable drops are real and kept: CPU
+   matrix kernels change algorithm with the number of rows (batch x query tokens). On the 2-core
+   development CPU in fp32 the 1.5B target's forward costs ~295 ms for 1 row, ~610 for 2, ~840 for
+   3 and ~530 for 4, so a 3-draft verify is *cheaper* than a 1- or 2-draft one; a model that forced
+   monotonicity would hide the cheapest choices from the policy. ``monotone="all"`` instead makes
+   cost non-decreasing along every axis (isotonic fits, which average noise out rather than
+   ratchet it up, then running maxima, which keep monotonicity along the axes already done).
 3. Inside the grid: piecewise linear along each axis (separably). Piecewise linear in query tokens
-   keeps measured steps and knees (on CPU fp32 a 4-token forward can cost twice a 3-token one).
+   keeps measured steps and knees. Off-grid batch sizes are interpolated linearly between the
+   measured ones, which cannot know a kernel switch between them (on the CPU above, batch 3 at
+   k = 0 is a 3-row forward, ~3x batch 1, while the line from batch 2 to 4 says ~2x): profile the
+   batch sizes you serve, or let the online correction learn them.
 4. Above the grid: linear from the last point with slope max(last segment, mean slope over the
    axis, 0), so a flat last segment does not predict free growth; extrapolation slopes are made
    non-decreasing along the other axes, so monotonicity holds outside the grid too. Below the grid
@@ -171,54 +180,89 @@ def _fill_line(xs: np.ndarray, line: np.ndarray) -> None:
         line[i] = float(_interp_axis(px, py, xs[i]))
 
 
+def _hold_line(line: np.ndarray) -> None:
+    """A line with exactly one finite value: every other cell takes it."""
+    finite = np.isfinite(line)
+    if finite.sum() == 1:
+        line[~finite] = line[finite][0]
+
+
 def _fill_missing(axes: Sequence[np.ndarray], values: np.ndarray) -> np.ndarray:
-    """Fill NaN cells of a [batch, context, query] grid: along query, then context, then batch;
-    a line with a single finite value is then held constant. Raises if nothing is finite."""
+    """Fill NaN cells of a [batch, context, query] grid from their neighbours: along query tokens
+    (interpolation or extrapolation from >= 2 points), then along context (the same, or the
+    nearest context's value when it is the only one: context moves cost least), then along batch;
+    whatever is left holds a single neighbour along any axis. Raises if nothing is finite."""
     values = values.copy()
     if not np.isfinite(values).any():
         raise ValueError("the grid has no measured cell")
+
+    def lines(axis):
+        moved = np.moveaxis(values, axis, -1)  # a view: filling it fills `values`
+        return [moved[index] for index in np.ndindex(moved.shape[:-1])]
+
     for _ in range(3):
         if np.isfinite(values).all():
             break
-        for axis in (2, 1, 0):
-            moved = np.moveaxis(values, axis, -1)  # a view: filling it fills `values`
-            for index in np.ndindex(moved.shape[:-1]):
-                _fill_line(axes[axis], moved[index])
-    if not np.isfinite(values).all():  # lines with one point: hold it
-        for axis in (2, 1, 0):
-            moved = np.moveaxis(values, axis, -1)
-            for index in np.ndindex(moved.shape[:-1]):
-                line = moved[index]
-                finite = np.isfinite(line)
-                if finite.any() and not finite.all():
-                    line[~finite] = line[finite][0]
+        for line in lines(2):
+            _fill_line(axes[2], line)
+        for line in lines(1):
+            _fill_line(axes[1], line)
+            _hold_line(line)
+        for line in lines(0):
+            _fill_line(axes[0], line)
+    for axis in (2, 1, 0):
+        if np.isfinite(values).all():
+            break
+        for line in lines(axis):
+            _hold_line(line)
     return values
 
 
-def _isotonic(line: np.ndarray) -> np.ndarray:
-    """The least-squares non-decreasing fit of a 1-D sequence (pool adjacent violators)."""
+def _isotonic(line: np.ndarray, tolerance: float = math.inf) -> np.ndarray:
+    """Pool adjacent violators: the least-squares non-decreasing fit of a 1-D sequence when
+    `tolerance` is infinite. With a finite `tolerance`, only drops of at most that fraction are
+    pooled (noise); a larger drop between neighbouring blocks is kept as measured."""
     sums: list[float] = []
     counts: list[int] = []
     for value in line.tolist():
         sums.append(value)
         counts.append(1)
-        while len(sums) > 1 and sums[-2] * counts[-1] > sums[-1] * counts[-2]:
+        while len(sums) > 1:
+            left, right = sums[-2] / counts[-2], sums[-1] / counts[-1]
+            if not (left > right and left - right <= tolerance * right):
+                break
             total, count = sums.pop(), counts.pop()
             sums[-1] += total
             counts[-1] += count
     return np.repeat(np.array(sums) / np.array(counts), counts)
 
 
-def _monotone(values: np.ndarray) -> np.ndarray:
-    """Non-decreasing along every axis: an isotonic (least-squares) fit along query tokens, context
-    and batch in turn, which averages noise out instead of letting one high cell lift all later
-    ones, then a running maximum along every axis, which guarantees the result (a running max
-    along one axis keeps monotonicity along the axes already done)."""
+MONOTONE_MODES = ("measured", "all")
+
+
+def _monotone(values: np.ndarray, mode: str = "measured", tolerance: float = 0.05) -> np.ndarray:
+    """Make a [batch, context, query] grid non-decreasing where it should be.
+
+    "all": non-decreasing along every axis: an isotonic (least-squares) fit along query tokens,
+    context and batch in turn, which averages noise out instead of letting one high cell lift all
+    later ones, then a running maximum along every axis, which guarantees the result.
+
+    "measured" (default): non-decreasing in context in the same way (more cached tokens never make
+    a forward cheaper). Along batch and query tokens only drops of at most `tolerance` (noise) are
+    pooled; larger, repeatable drops are real and kept: CPU matrix kernels change algorithm with
+    the number of rows (batch x query tokens), e.g. on the 2-core development machine a 4-token
+    fp32 forward of the 1.5B target costs 530 ms where a 2-token one costs 610 and a 3-token one
+    840. A model that hid that would steer a policy away from its cheapest choices.
+    """
+    if mode not in MONOTONE_MODES:
+        raise ValueError(f"monotone must be one of {MONOTONE_MODES}, got {mode!r}")
     out = np.maximum(values, 0.0)
+    strict = (0, 1, 2) if mode == "all" else (1,)
     for axis in (2, 1, 0):
         if out.shape[axis] > 1:
-            out = np.apply_along_axis(_isotonic, axis, out)
-    for axis in range(out.ndim):
+            limit = math.inf if axis in strict else tolerance
+            out = np.apply_along_axis(_isotonic, axis, out, limit)
+    for axis in strict:
         out = np.maximum.accumulate(out, axis=axis)
     return out
 
@@ -266,8 +310,8 @@ class _Grid:
     def axes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.batches, self.contexts, self.queries
 
-    def fitted(self, raw: np.ndarray | None = None) -> np.ndarray:
-        return _monotone(_fill_missing(self.axes, self.raw if raw is None else raw))
+    def fitted(self, raw: np.ndarray | None = None, monotone: str = "measured", tolerance: float = 0.05) -> np.ndarray:
+        return _monotone(_fill_missing(self.axes, self.raw if raw is None else raw), monotone, tolerance)
 
     @classmethod
     def from_rows(cls, rows: Sequence[Mapping[str, Any]], what: str) -> "_Grid":
@@ -288,14 +332,14 @@ class _Grid:
                 raw[np.searchsorted(batches, b), np.searchsorted(contexts, c), np.searchsorted(queries, q)] = median
         return cls(batches, contexts, queries, raw)
 
-    def loo(self, component: str) -> list[LooPoint]:
+    def loo(self, component: str, monotone: str = "measured", tolerance: float = 0.05) -> list[LooPoint]:
         points = []
         for index in zip(*np.nonzero(np.isfinite(self.raw))):
             held = self.raw.copy()
             held[index] = np.nan
             if not np.isfinite(held).any():
                 continue
-            predicted = float(self.fitted(held)[index])
+            predicted = float(self.fitted(held, monotone, tolerance)[index])
             b, c, q = (float(axis[i]) for axis, i in zip(self.axes, index))
             points.append(LooPoint(component, int(b), int(c), int(q), float(self.raw[index]), predicted))
         return points
@@ -303,19 +347,20 @@ class _Grid:
 
 class _Table:
     """Dense precomputed values rows[b][j] = tuple over the context grid for integer b in 1..B and
-    j in 0..J, made monotone along all three axes; evaluation is a bisect and one blend.
+    j in 0..J, made monotone along `monotone_axes` (0 = batch, 1 = context, 2 = j); evaluation is a
+    bisect and one blend.
 
     Beyond the table, values continue linearly: in context with slope ``hi[b][j]``, in j with
-    ``jslope[b]`` and in b with ``bslope[j]`` (per context). Every slope is made non-decreasing
-    along the other axes, so the continuation stays monotone in all of them. Below the smallest
-    context the smallest context's value stands (flat, conservative, never negative)."""
+    ``jslope[b]`` and in b with ``bslope[j]`` (per context); all slopes are >= 0 and made
+    non-decreasing along the other axes, so the continuation is monotone wherever the table is.
+    Below the smallest context the smallest context's value stands (flat, conservative)."""
 
     __slots__ = ("contexts", "rows", "hi", "jslope", "bslope", "max_b", "max_j")
 
-    def __init__(self, contexts: np.ndarray, dense: np.ndarray):
+    def __init__(self, contexts: np.ndarray, dense: np.ndarray, monotone_axes: Sequence[int] = (0, 1, 2)):
         # dense: [B + 1, nc, J + 1] (batch index 0 mirrors batch 1)
         dense = np.maximum(np.asarray(dense, dtype=float), 0.0)
-        for axis in range(3):
+        for axis in monotone_axes:
             dense = np.maximum.accumulate(dense, axis=axis)
         self.contexts = [float(c) for c in contexts]
         self.max_b, self.max_j = dense.shape[0] - 1, dense.shape[2] - 1
@@ -451,6 +496,8 @@ class CostModel:
         overhead_rows: Sequence[Mapping[str, Any]] = (),
         *,
         catchup_tokens: float = 1.5,
+        monotone: str = "measured",
+        noise_tolerance: float = 0.05,
         window: int = 8,
         cell_window: int = 5,
         min_cell_obs: int = 3,
@@ -463,6 +510,9 @@ class CostModel:
         self.source = source
         self.is_default = False  # True for CostModel.default(): a generic shape, not a measurement
         self.catchup_tokens = float(catchup_tokens)
+        if monotone not in MONOTONE_MODES:
+            raise ValueError(f"monotone must be one of {MONOTONE_MODES}, got {monotone!r}")
+        self.monotone, self.noise_tolerance = monotone, float(noise_tolerance)
         self._target_grid, self._draft_grid = target, draft
         self._overhead_rows = tuple(overhead_rows)
         self._windows = (window, cell_window, min_cell_obs)
@@ -510,19 +560,21 @@ class CostModel:
         B, Q = self.max_batch, self.max_query_tokens
         # Target forward: j = query tokens (index 0 unused).
         tgt = self._target_grid
-        target_fwd = _dense(tgt.axes, tgt.fitted(), B, [max(j, 1) for j in range(Q + 1)])
+        fit = {"monotone": self.monotone, "tolerance": self.noise_tolerance}
+        strict = (0, 1, 2) if self.monotone == "all" else (1,)  # table axes: batch, context, j
+        target_fwd = _dense(tgt.axes, tgt.fitted(**fit), B, [max(j, 1) for j in range(Q + 1)])
         # Overhead coefficients per integer batch.
         dx_a, dx_s, vx_a, vx_s, r_a, r_s = self._overhead_coefficients(B)
         qs = np.arange(Q + 1, dtype=float)
         verify_extra = vx_a[:, None] + vx_s[:, None] * np.maximum(qs - 1, 0)[None, :]  # [B+1, Q+1]
-        self._target_fwd = _Table(tgt.contexts, target_fwd)
-        self._target = _Table(tgt.contexts, target_fwd + verify_extra[:, None, :])
+        self._target_fwd = _Table(tgt.contexts, target_fwd, strict)
+        self._target = _Table(tgt.contexts, target_fwd + verify_extra[:, None, :], strict)
         # Draft: j = k (0..Q-1).
         K = Q - 1
         ks = np.arange(K + 1, dtype=float)
         if self._draft_grid is not None:
             dg = self._draft_grid
-            pair = _dense(dg.axes, dg.fitted(), B, [min(self.catchup_tokens, dg.queries[-1]) if dg.queries[-1] > 1 else 1.0, 1.0])
+            pair = _dense(dg.axes, dg.fitted(**fit), B, [min(self.catchup_tokens, dg.queries[-1]) if dg.queries[-1] > 1 else 1.0, 1.0])
             catch, one = pair[:, :, 0:1], pair[:, :, 1:2]
             fwd = np.where(ks[None, None, :] > 0, catch + np.maximum(ks - 1, 0)[None, None, :] * one, 0.0)
             contexts = dg.contexts
@@ -530,8 +582,9 @@ class CostModel:
             contexts = np.array([0.0])
             fwd = np.broadcast_to(_DEFAULT_DRAFT_TOKEN * ks[None, None, :], (B + 1, 1, K + 1)).copy()
         extra = np.where(ks[None, :] > 0, dx_a[:, None] + dx_s[:, None] * ks[None, :], 0.0)  # [B+1, K+1]
-        self._draft_fwd = _Table(contexts, fwd)
-        self._draft = _Table(contexts, fwd + extra[:, None, :])
+        draft_strict = tuple(sorted(set(strict) | {2}))  # every extra drafted token adds a forward
+        self._draft_fwd = _Table(contexts, fwd, draft_strict)
+        self._draft = _Table(contexts, fwd + extra[:, None, :], draft_strict)
         self._rest = [[float(r_a[b] + r_s[b] * k) for k in range(K + 1)] for b in range(B + 1)]
         self._rest_slope = [float(r_s[b]) for b in range(B + 1)]
 
@@ -651,9 +704,9 @@ class CostModel:
     # --- fit quality -------------------------------------------------------------------------
     def loo_errors(self) -> LooReport:
         """Leave-one-out over every measured grid cell of the target and the draft forwards."""
-        points = self._target_grid.loo("target")
+        points = self._target_grid.loo("target", self.monotone, self.noise_tolerance)
         if self._draft_grid is not None and not self.is_default:
-            points += self._draft_grid.loo("draft")
+            points += self._draft_grid.loo("draft", self.monotone, self.noise_tolerance)
         return LooReport(tuple(points))
 
     @property

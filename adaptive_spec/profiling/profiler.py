@@ -525,10 +525,9 @@ def profile_models(
 
     fingerprint = machine_fingerprint(str(device))
     fingerprint["dtype"] = str(dtype).replace("torch.", "")
-    fingerprint["models"] = {
-        "target": model_fingerprint(target, target_name, random_weights),
-        "draft": model_fingerprint(draft, draft_name, random_weights) if with_draft else None,
-    }
+    fingerprint["models"] = {"target": model_fingerprint(target, target_name, random_weights)}
+    if with_draft:  # no draft: no key (readers may do models.get("draft", {}))
+        fingerprint["models"]["draft"] = model_fingerprint(draft, draft_name, random_weights)
     grid = {
         "batch_sizes": list(settings.batch_sizes), "contexts": list(settings.contexts),
         "query_tokens": list(settings.query_tokens),
