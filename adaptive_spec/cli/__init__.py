@@ -11,6 +11,7 @@ from .generate import add_generate_command, run_generate
 from .policy_cost import add_policy_cost_command, run_policy_cost
 
 from ..assets import FetchError
+from ..profiling.cli import add_profile_commands, run_profile
 from ..profiling.profile_file import ProfileError
 
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, PermissionError, FetchError, ProfileError)
@@ -23,10 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_command(subparsers)
     add_models_commands(subparsers)
     add_policy_cost_command(subparsers)
+    add_profile_commands(subparsers)
     return parser
 
 
-COMMANDS = {"generate": run_generate, "bench": run_bench, "models": run_models, "policy-cost": run_policy_cost}
+COMMANDS = {"generate": run_generate, "bench": run_bench, "models": run_models, "policy-cost": run_policy_cost,
+            "profile": run_profile}
 
 
 def main(argv: list[str] | None = None) -> int:
