@@ -1,0 +1,18 @@
+"""Acceptance traces, a trace-driven simulator and the hindsight oracle.
+
+Everything here is pure numpy/pandas (no torch) except `recorder`, which runs models and is
+imported only when a trace is recorded.
+
+- `trace_file`: the trace format (CSV + JSON header line), `load_trace`, `save_trace`, `make_trace`.
+- `replay`: the replay semantics (one uniform per position, leading runs, caps).
+- `simulator`: `simulate(traces, profile, policy, batch_size=..., rate=..., ...)`.
+- `oracle`: the hindsight DP (exact at batch size 1) and the batch upper bound.
+"""
+
+from .oracle import dp_schedule
+from .replay import expected_emitted_iid
+from .simulator import simulate
+from .trace_file import RequestTrace, Trace, TraceError, load_trace, load_traces, make_trace, save_trace
+
+__all__ = ["simulate", "dp_schedule", "expected_emitted_iid", "RequestTrace", "Trace", "TraceError",
+           "load_trace", "load_traces", "make_trace", "save_trace"]

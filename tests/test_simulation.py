@@ -1,0 +1,278 @@
+"""Traces, the trace-driven simulator and the hindsight oracle (synthetic traces, tiny models)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import itertools
+import json
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adaptive_spec.simulation import (TraceError, dp_schedule, expected_emitted_iid, load_trace, make_trace,
+                                      save_trace, simulate)
+from adaptive_spec.simulation import replay
+from adaptive_spec.simulation.oracle import CostRows
+from adaptive_spec.simulation.simulator import cost_model_from
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE_PATH = ROOT / "profiles" / "tiny-test.json"
+PROFILE = json.loads(PROFILE_PATH.read_text())
+POLICIES = ["off", "static:1", "static:2", "static:3", "static:5", "static:8", "goodput", "heuristic",
+            "confidence:0.3", "ema-tiers", "batch-table"]
+
+
+def synthetic(num: int, length: int, alpha=None, seed: int = 0, prompt: int = 50):
+    """A trace of `num` requests; alpha None = random per-position accept probabilities."""
+    rng = np.random.default_rng(seed)
+    requests = []
+    for i in range(num):
+        n = length if alpha is not None else int(rng.integers(2, length + 1))
+        probs = np.full(n, alpha) if alpha is not None else rng.beta(2, 1, n) * (rng.random(n) < 0.9)
+        requests.append({"prompt_id": f"syn-{i}", "prompt_length": prompt + 7 * i, "accept_prob": probs,
+                         "draft_confidence": rng.random(n), "tokens": rng.integers(0, 100, n)})
+    return make_trace(requests, {"name": "synthetic"})
+
+
+def _strip(report):
+    return {k: v for k, v in report.items() if k != "wall_seconds"}
+
+
+# ----------------------------------------------------------------------------- replay math
+
+def test_leading_runs_and_next_below():
+    accepted = np.array([1, 1, 0, 1, 1, 1, 0, 0, 1], dtype=bool)
+    assert replay.leading_runs(accepted).tolist() == [2, 1, 0, 3, 2, 1, 0, 0, 1]
+    conf = np.array([0.9, 0.2, 0.8, 0.8, 0.1])
+    assert replay.next_below(conf, 0.5).tolist() == [1, 1, 4, 4, 4]
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.8])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_static_k_reproduces_the_expected_token_formula(alpha, k):
+    trace = synthetic(30, 801, alpha=alpha).requests()
+    report = simulate(trace, PROFILE, f"static:{k}", seed=3)
+    expected = expected_emitted_iid(alpha, k)
+    # tokens per request-step; the cut at each request's end biases it down by O(1 / length)
+    assert report["mean_acceptance_length"] == pytest.approx(expected, rel=0.03)
+    assert report["acceptance_rate"] == pytest.approx((expected - 1) / k, rel=0.05)
+    assert report["k_histogram"].get(str(k), 0) >= 0.95 * report["request_steps"]
+
+
+def test_static_k_on_a_greedy_trace_is_exact():
+    probs = np.array([1, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1], dtype=float)  # position 0 is prefill
+    trace = make_trace([{"prompt_length": 10, "accept_prob": probs}], {"name": "greedy"}).requests()
+    report = simulate(trace, PROFILE, "static:2")
+    # steps from t=1: run 2 -> +3 (t=4); run 1 -> +2 (t=6); run 0 -> +1 (t=7); run 5 -> k=2, +3 (t=10); k<=1 at t=10 -> +2
+    assert report["request_steps"] == 5 and report["generated_tokens"] == 12
+    assert report["accepted"] == 2 + 1 + 0 + 2 + 1
+    assert report["k_histogram"] == {"1": 1, "2": 4}
+
+
+def test_confidence_policy_stops_at_low_draft_confidence():
+    probs = np.ones(20)
+    conf = np.where(np.arange(20) % 4 == 3, 0.1, 0.9)  # every 4th position unsure
+    trace = make_trace([{"prompt_length": 5, "accept_prob": probs, "draft_confidence": conf}], {}).requests()
+    report = simulate(trace, PROFILE, "confidence:0.5")
+    assert report["acceptance_rate"] == 1.0  # it never drafts where it is unsure
+    assert max(int(k) for k in report["k_histogram"]) <= 3  # at most the 3 sure positions between unsure ones
+
+
+# ----------------------------------------------------------------------------- oracle
+
+def test_batch_one_dp_matches_brute_force():
+    cm = cost_model_from(PROFILE)
+    rows = CostRows(cm, 3)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        n = int(rng.integers(2, 9))
+        run = replay.leading_runs(rng.random(n) < 0.6)
+
+        def best(t):
+            if t >= n:
+                return 0.0
+            m = min(3, n - t - 1)
+            return min(rows(20 + t)[k] + best(t + min(k, int(run[t])) + 1) for k in range(m + 1))
+
+        value, _ = dp_schedule(run, 20, rows, 3)
+        assert value == pytest.approx(best(1), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_oracle_is_never_beaten(seed):
+    trace = synthetic(10, 60, seed=seed).requests()
+    for batch, rate in [(1, None), (1, 50.0), (4, None), (16, None)]:
+        kwargs = dict(batch_size=batch, rate=rate, num_requests=24, seed=seed, prefill_seconds_per_token=1e-4)
+        oracle = simulate(trace, PROFILE, "oracle", **kwargs)
+        assert oracle["oracle"] == ("exact" if batch == 1 else "upper-bound")
+        for policy in POLICIES:
+            report = simulate(trace, PROFILE, policy, **kwargs)
+            assert report["tokens_per_s"] <= oracle["tokens_per_s"] * (1 + 1e-9), (policy, batch, rate)
+            if batch == 1 and rate is None:  # exact: no request can finish sooner
+                assert report["simulated_seconds"] >= oracle["simulated_seconds"] * (1 - 1e-9)
+    bound = simulate(trace, PROFILE, "oracle", batch_size=4, num_requests=24, seed=seed)
+    assert all(simulate(trace, PROFILE, p, batch_size=4, num_requests=24, seed=seed)["tokens_per_s"]
+               <= bound["tokens_per_s"] for p in POLICIES)
+
+
+# ----------------------------------------------------------------------------- determinism, speed
+
+def test_simulation_is_deterministic_for_a_seed():
+    trace = synthetic(6, 80, seed=5).requests()
+    for policy in ("goodput", "heuristic", "oracle"):
+        a = simulate(trace, PROFILE, policy, batch_size=3, num_requests=20, seed=7)
+        b = simulate(trace, PROFILE, policy, batch_size=3, num_requests=20, seed=7)
+        assert _strip(a) == _strip(b)
+    a = simulate(trace, PROFILE, "static:3", rate=20.0, batch_size=4, num_requests=30, seed=1)
+    assert _strip(a) == _strip(simulate(trace, PROFILE, "static:3", rate=20.0, batch_size=4, num_requests=30, seed=1))
+    assert _strip(a) != _strip(simulate(trace, PROFILE, "static:3", rate=20.0, batch_size=4, num_requests=30, seed=2))
+
+
+def test_simulator_is_fast():
+    trace = synthetic(8, 256, alpha=0.7).requests()
+    started = time.perf_counter()
+    report = simulate(trace, PROFILE, "static:2", num_requests=1000)
+    assert report["generated_tokens"] == 256_000
+    assert time.perf_counter() - started < 15  # ~1 s on an idle 2-core CPU
+
+
+def test_simulation_modules_import_no_torch():
+    for name in ("trace_file", "replay", "simulator", "oracle"):
+        tree = ast.parse((ROOT / "adaptive_spec" / "simulation" / f"{name}.py").read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert "torch" not in imported, name
+
+
+# ----------------------------------------------------------------------------- files
+
+def test_trace_file_round_trip(tmp_path):
+    trace = synthetic(3, 12, seed=2)
+    path = save_trace(trace, tmp_path / "t.csv")
+    loaded = load_trace(path)
+    assert loaded.meta == trace.meta
+    for a, b in zip(trace.requests(), loaded.requests()):
+        assert a.prompt_id == b.prompt_id and a.prompt_length == b.prompt_length
+        np.testing.assert_allclose(a.accept_prob, b.accept_prob, rtol=1e-5)
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+    import pandas as pd
+    assert len(pd.read_csv(path, skiprows=1)) == len(trace.frame)
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda text: text.split("\n", 1)[1], "first line"),
+    (lambda text: "# adaptive-spec-trace {not json\n" + text.split("\n", 1)[1], "not valid JSON"),
+    (lambda text: text.replace('"schema_version":1', '"schema_version":9'), "schema_version"),
+    (lambda text: text.replace("accept_prob", "acceptance"), "missing columns"),
+    (lambda text: text.replace(",0.5,", ",1.5,", 1), "accept_prob"),
+    (lambda text: text.split("\n", 1)[0] + "\n" + "\n".join(text.split("\n")[1:3]) + "\n" + "\n".join(text.split("\n")[4:]), "positions"),
+    (lambda text: text.split("\n", 1)[0] + "\n", "cannot be parsed"),
+])
+def test_malformed_traces_are_clear_errors(tmp_path, mutate, message):
+    requests = [{"prompt_length": 4, "accept_prob": [0.5] * 5, "draft_confidence": [0.9] * 5}]
+    good = save_trace(make_trace(requests, {"name": "m"}), tmp_path / "good.csv")
+    bad = _write(tmp_path / "bad.csv", mutate(good.read_text()))
+    with pytest.raises(TraceError, match=message) as info:
+        load_trace(bad)
+    assert "bad.csv" in str(info.value)
+    with pytest.raises(TraceError, match="does not exist"):
+        load_trace(tmp_path / "absent.csv")
+
+
+def _cli(argv):
+    from adaptive_spec.cli.trace_simulate import add_trace_commands, run_simulate
+    parser = argparse.ArgumentParser()
+    add_trace_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert run_simulate(args) == 0
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def test_simulate_cli_and_bad_profiles(tmp_path):
+    trace = save_trace(synthetic(4, 30, seed=1), tmp_path / "t.csv")
+    report = _cli(["simulate", "--trace", str(trace), "--profile", str(PROFILE_PATH), "--policy", "static:2",
+                   "--batch-size", "2", "--num-requests", "10", "--prefill-seconds-per-token", "0.001"])
+    assert report["prefill_seconds"] == pytest.approx(0.001 * sum(50 + 7 * (i % 4) for i in range(10)))
+    assert report["tokens_per_s"] > 0 and report["num_requests"] == 10
+    report = _cli(["simulate", "--trace", str(trace), "--trace", str(trace), "--profile", str(PROFILE_PATH),
+                   "--policy", "goodput", "--rate", "5", "--num-requests", "12"])
+    assert report["batch_size"] == 64 and report["latency_p99"] > 0
+    corrupt = _write(tmp_path / "corrupt.json", "{\"format\": ")
+    for profile, message in [(corrupt, "corrupt.json"), (tmp_path / "none.json", "none.json"),
+                             (_write(tmp_path / "empty.json", "{}"), "empty.json")]:
+        with pytest.raises(ValueError, match=message):
+            _cli(["simulate", "--trace", str(trace), "--profile", str(profile)])
+    with pytest.raises(ValueError, match="unknown policy"):
+        _cli(["simulate", "--trace", str(trace), "--profile", str(PROFILE_PATH), "--policy", "nonsense"])
+
+
+# ----------------------------------------------------------------------------- recording (tiny models)
+
+def test_trace_from_the_engine_round_trips(tmp_path, small_pair):
+    import torch
+
+    from adaptive_spec.modeling.drafters import NgramDrafter
+    from adaptive_spec.sampling.params import SamplingParams
+    from adaptive_spec.sampling.transforms import process_logits
+    from adaptive_spec.simulation.recorder import _settings, record_trace
+
+    target, draft = small_pair
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    for temperature in (0.0, 0.8):
+        params = [SamplingParams(temperature=temperature, top_p=0.95, max_new_tokens=10, seed=i) for i in range(2)]
+        trace = record_trace(target, draft, prompts, params, ["a", "b"], {"target": "tiny-0", "draft": "tiny-1"})
+        path = save_trace(trace, tmp_path / f"tiny-{temperature}.csv")
+        loaded = load_trace(path)
+        assert loaded.meta["sampling"]["temperature"] == temperature and loaded.meta["target"] == "tiny-0"
+        requests = loaded.requests()
+        assert [r.prompt_id for r in requests] == ["a", "b"] and all(r.length == 10 for r in requests)
+        # recompute one position by hand: min(p, q) / p of processed distributions (greedy: argmax match)
+        r = requests[1]
+        j = 5
+        ids = torch.as_tensor([prompts[1] + r.tokens[:j].tolist()])
+        with torch.no_grad():
+            lt, ld = target(input_ids=ids).logits[0, -1:], draft(input_ids=ids).logits[0, -1:]
+        p, _ = process_logits(lt, _settings(params[1], 1))
+        q, _ = process_logits(ld, _settings(params[1], 1))
+        x = int(r.tokens[j])
+        want = float(q[0].argmax() == x) if temperature == 0 else float(min(p[0, x], q[0, x]) / p[0, x])
+        assert r.accept_prob[j] == pytest.approx(want, abs=1e-5)
+        assert r.draft_confidence[j] == pytest.approx(float(torch.softmax(ld[0], -1).max()), abs=1e-5)
+        if temperature == 0:
+            assert set(np.unique(np.concatenate([q.accept_prob for q in requests]))) <= {0.0, 1.0}
+        assert simulate(requests, PROFILE, "static:2")["generated_tokens"] == 20
+    ngram = record_trace(target, NgramDrafter(), prompts, params, ["a", "b"], {"target": "t", "draft": "ngram"})
+    assert ngram.meta["drafter"] == "ngram"
+    assert set(ngram.frame["accept_prob"].unique()) <= {0.0, 1.0}
+
+
+def test_trace_cli_records_a_self_describing_file(tmp_path, tiny_model_dirs):
+    from adaptive_spec.cli.trace_simulate import add_trace_commands, run_trace
+
+    target_dir, draft_dir, _ = tiny_model_dirs
+    parser = argparse.ArgumentParser()
+    add_trace_commands(parser.add_subparsers(dest="command"))
+    out = tmp_path / "cli.csv"
+    args = parser.parse_args(["trace", "--target", target_dir, "--draft", draft_dir, "--prompt", "w1 w2 w3",
+                              "--prompt", "w4 w5", "--max-new-tokens", "6", "--temperature", "0.7",
+                              "--ignore-eos", "--workload", "tiny", "--out", str(out)])
+    stdout = io.StringIO()
+    with redirect_stdout(stdout):
+        assert run_trace(args) == 0
+    summary = json.loads(stdout.getvalue().strip().splitlines()[-1])
+    assert summary["requests"] == 2 and summary["positions"] == 12
+    meta = load_trace(out).meta
+    assert meta["workload"] == "tiny" and meta["sampling"]["temperature"] == 0.7 and meta["target"] == target_dir
+    assert meta["prompt_ids"] == ["prompt-0", "prompt-1"] and meta["drafter"] == "model"
