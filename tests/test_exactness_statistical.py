@@ -171,9 +171,19 @@ def test_adaptive_policies_stay_exact(small_pair, policy):
     """k chosen online (goodput: from acceptance and timing; confidence: from the draft's own
     probabilities) must not bias the output. 3 tests x 2 prompts at p < 1e-4: false-failure
     probability below 0.06%."""
+    from adaptive_spec.control import GoodputPolicy, make_policy
+
+    class CheapDrafting:  # a machine where drafting pays, so goodput really speculates at this batch size
+        def step_seconds_table(self, batch, context, k_max):
+            return [1.0 + 0.05 * k for k in range(k_max + 1)]
+
+        def observe(self, record):
+            pass
+
     target, draft = small_pair
     params = SamplingParams(**{**CONFIGS["temperature-0.7-top-k"].__dict__, "max_new_tokens": LENGTH})
-    engine = SpecEngine(target, draft, policy=policy, max_batch_size=2048, seed=5)
+    chosen = GoodputPolicy(CheapDrafting()) if policy == "goodput" else make_policy(policy)
+    engine = SpecEngine(target, draft, policy=chosen, max_batch_size=2048, seed=5)
     prompts = [list(p) for _ in range(SAMPLES_PER_K_AND_PROMPT) for p in PROMPTS]
     results = engine.generate(prompts, params)
     assert sum(r.stats.drafted for r in results) > 0
