@@ -263,7 +263,8 @@ class SpecEngine:
     def _retire(self, rows: list[int]) -> None:
         if not rows:
             return
-        keep = [row for row in range(len(self._running)) if row not in set(rows)]
+        leaving = set(rows)
+        keep = [row for row in range(len(self._running)) if row not in leaving]
         self._running = [self._running[row] for row in keep]
         self._kv.select_rows(keep)
         if self.drafter is not None and self._drafter_error is None:
