@@ -61,7 +61,7 @@ def make_profile(target=multilinear, draft=draft_fn, batches=BATCHES, contexts=C
 
 
 def record(batch, context, k, draft, verify, rest):
-    return StepRecord(batch_size=batch, max_k=k, context_lengths=(context,) * batch,
+    return StepRecord(batch_size=batch, batch_k=k, context_lengths=(context,) * batch,
                       outcomes=tuple(RequestOutcome(f"r{i}", k, 0, 1) for i in range(batch)),
                       draft_seconds=draft, verify_seconds=verify, total_seconds=draft + verify + rest)  # fmt: skip
 

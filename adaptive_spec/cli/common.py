@@ -10,6 +10,7 @@ from typing import Sequence
 from pathlib import Path
 
 from ..assets import Prompt, encode_prompt, load_humaneval, load_jsonl, load_sharegpt
+from ..control.policy import mean_acceptance_length
 from ..engine.request import GenerationResult
 from ..modeling.loading import PRECISIONS, LoadedPair, load_pair
 from ..sampling.params import SamplingParams
@@ -155,7 +156,7 @@ def summarize(results: Sequence[GenerationResult], seconds: float) -> dict:
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
-        "mean_acceptance_length": round((accepted + steps) / steps, 4) if steps else None,
+        "mean_acceptance_length": None if not steps else round(mean_acceptance_length(accepted, steps), 4),
     }
 
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .policy import RequestView, StepRecord
+from .policy import PolicyBase, RequestView, StepRecord
 
 
 @dataclass
-class HFHeuristicPolicy:
+class HFHeuristicPolicy(PolicyBase):
     start: int = 5
     floor: int = 1
     name: str = "heuristic"
@@ -44,7 +44,7 @@ class HFHeuristicPolicy:
 
 
 @dataclass
-class ConfidencePolicy:
+class ConfidencePolicy(PolicyBase):
     min_draft_confidence: float = 0.4
     max_k: int = 8
 
@@ -59,12 +59,9 @@ class ConfidencePolicy:
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
         return [self.max_k] * len(requests)
 
-    def observe(self, record: StepRecord) -> None:
-        pass
-
 
 @dataclass
-class EmaTiersPolicy:
+class EmaTiersPolicy(PolicyBase):
     tiers: tuple[int, ...] = (1, 3, 7)
     alpha: float = 0.2
     initial_accepted: float = 1.0
@@ -88,7 +85,7 @@ class EmaTiersPolicy:
 
 
 @dataclass
-class BatchTablePolicy:
+class BatchTablePolicy(PolicyBase):
     table: dict[int, int] = field(default_factory=lambda: {1: 4, 2: 3, 4: 2, 8: 1})
     off_above: int = 8
     name: str = "batch-table"
@@ -105,6 +102,3 @@ class BatchTablePolicy:
         listed = [b for b in self.table if b <= batch]
         k = self.table[max(listed)] if listed else self.table[min(self.table)]
         return [k] * batch
-
-    def observe(self, record: StepRecord) -> None:
-        pass

@@ -675,7 +675,7 @@ class CostModel:
         b = int(record.batch_size)
         if b < 1 or not record.context_lengths:
             return
-        k = int(record.max_k)
+        k = int(record.batch_k)
         c = float(max(record.context_lengths))
         draft, verify, total = float(record.draft_seconds), float(record.verify_seconds), float(record.total_seconds)
         key = (b, k)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from .acceptance import AcceptanceEstimator, AcceptancePrior, expected_emitted
-from .policy import RequestView, StepRecord
+from .policy import PolicyBase, RequestView, StepRecord
 
 
 class StepCost(Protocol):
@@ -71,7 +71,7 @@ class _RequestState:
 
 
 @dataclass
-class GoodputPolicy:
+class GoodputPolicy(PolicyBase):
     cost_model: StepCost
     config: GoodputConfig = field(default_factory=GoodputConfig)
     name: str = "goodput"

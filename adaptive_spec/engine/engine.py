@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..control.policy import Policy, RequestOutcome, RequestView, StepRecord
+from ..control.policy import Policy, RequestOutcome, RequestView, StepRecord, choose_ks
 from ..control.registry import make_policy
 from ..modeling.drafters import Draft, Drafter, ModelDrafter, logits_width
 from ..modeling.kv import RaggedKV, same_length_groups
@@ -167,10 +167,7 @@ class SpecEngine:
             caps = [min(cap, batch_cap) for cap in caps]
         views = [RequestView(r.request_id, len(r.tokens), r.remaining, max(cap, 0), r.history)
                  for r, cap in zip(self._running, caps)]
-        chosen = self.policy.choose(views)
-        if len(chosen) != len(views):
-            raise RuntimeError(f"policy {self.policy.name!r} returned {len(chosen)} choices for {len(views)} requests")
-        return [max(0, min(int(k), view.max_k)) for k, view in zip(chosen, views)]
+        return choose_ks(self.policy, views)
 
     def _draft(self, ks: list[int], sampler: StepSampler) -> tuple[Draft, float]:
         empty = _no_draft(len(self._running))
@@ -212,7 +209,7 @@ class SpecEngine:
         if draft.tokens.shape[1] and self._drafter_error is None:
             self._guard_drafter(lambda: self.drafter.accept(verdict.num_accepted))
         self.policy.observe(StepRecord(
-            batch_size=len(self._running), max_k=int(draft.tokens.shape[1]),
+            batch_size=len(self._running), batch_k=int(draft.tokens.shape[1]),
             context_lengths=tuple(len(r.tokens) for r in self._running), outcomes=tuple(outcomes),
             draft_seconds=draft_seconds, verify_seconds=verify_seconds, total_seconds=time.perf_counter() - started,
         ))

@@ -7,7 +7,7 @@ from typing import Hashable
 
 import torch
 
-from ..control.policy import AcceptanceHistory
+from ..control.policy import AcceptanceHistory, mean_acceptance_length
 from ..sampling.params import SamplingParams
 
 
@@ -30,7 +30,7 @@ class RequestStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+        return mean_acceptance_length(self.accepted, self.steps) or 0.0
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..control.cost_model import CostModel
-from ..control.policy import AcceptanceHistory, RequestOutcome, RequestView, StepRecord
+from ..control.policy import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, choose_ks,
+                              draft_confidence_floor, mean_acceptance_length)
 from ..control.registry import make_policy
 from . import replay
 from .oracle import CostRows, HindsightPolicy, dp_schedule
@@ -138,7 +139,7 @@ def simulate(
         threshold = 0.0
     else:
         policy_obj = make_policy(policy, cost_model=cost_model_from(profile))
-        threshold = float(getattr(policy_obj, "min_draft_confidence", 0.0) or 0.0)
+        threshold = draft_confidence_floor(policy_obj)
     sims = _requests(traces, n_req, seed, threshold)
     base = {"policy": "oracle" if is_oracle else policy_obj.name, "batch_size": batch_size, "rate": rate,
             "num_requests": n_req, "seed": seed, "max_k": max_k,
@@ -172,7 +173,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
     batch_k_hist: Counter = Counter()
     latencies = []
     prefill_seconds = 0.0
-    choose, observe = policy.choose, policy.observe
+    observe = policy.observe
     while running or pending:
         # 1. admit
         while pending and len(running) < batch_size and (rate is None or pending[0].arrival <= now):
@@ -197,14 +198,11 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             remaining = sim.trace.length - sim.t
             views.append(RequestView(sim.rid, sim.trace.prompt_length + sim.t, remaining,
                                      max(0, min(max_k, remaining - 1)), sim.history))
-        chosen = choose(views)
-        if len(chosen) != len(views):
-            raise RuntimeError(f"policy {policy.name!r} returned {len(chosen)} choices for {len(views)} requests")
-        ks = [max(0, min(int(k), v.max_k)) for k, v in zip(chosen, views)]
-        big_k = max(ks)
+        ks = choose_ks(policy, views)
+        batch_k = max(ks)
         b = len(running)
         contexts = tuple(v.context_length for v in views)
-        draft_s, verify_s, total_s = clock.step(b, max(contexts), big_k)
+        draft_s, verify_s, total_s = clock.step(b, max(contexts), batch_k)
         # 3. replay
         outcomes = []
         finished = []
@@ -222,9 +220,9 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
                 finished.append(row)
         request_steps += b
         steps += 1
-        batch_k_hist[big_k] += 1
+        batch_k_hist[batch_k] += 1
         now += total_s
-        observe(StepRecord(batch_size=b, max_k=big_k, context_lengths=contexts, outcomes=tuple(outcomes),
+        observe(StepRecord(batch_size=b, batch_k=batch_k, context_lengths=contexts, outcomes=tuple(outcomes),
                            draft_seconds=draft_s, verify_seconds=verify_s, total_seconds=total_s))
         if finished:
             for row in finished:
@@ -242,7 +240,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         "drafted": int(drafted),
         "accepted": int(accepted_total),
         "acceptance_rate": round(accepted_total / drafted, 4) if drafted else None,
-        "mean_acceptance_length": round((accepted_total + request_steps) / request_steps, 4) if request_steps else None,
+        "mean_acceptance_length": _rounded(mean_acceptance_length(accepted_total, request_steps)),
         "latency_p50": round(float(np.percentile(lat, 50)), 6),
         "latency_p90": round(float(np.percentile(lat, 90)), 6),
         "latency_p99": round(float(np.percentile(lat, 99)), 6),
@@ -281,7 +279,11 @@ def _oracle_bound(sims: list[_Sim], clock: _Clock, batch_size: int, max_k: int) 
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
-        "mean_acceptance_length": round((accepted + request_steps) / request_steps, 4) if request_steps else None,
+        "mean_acceptance_length": _rounded(mean_acceptance_length(accepted, request_steps)),
         "latency_p50": None, "latency_p90": None, "latency_p99": None,
         "k_histogram": {str(k): int(v) for k, v in sorted(k_hist.items())},
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
