@@ -10,6 +10,7 @@ import torch
 
 from adaptive_spec import PrefixConstraint, SamplingParams, SpecEngine, StaticPolicy
 from adaptive_spec.control import AcceptanceHistory
+from adaptive_spec.modeling import DrafterBase
 
 from conftest import tiny_lm
 
@@ -217,20 +218,9 @@ def test_non_finite_draft_logits_only_shorten_the_draft(small_pair):
     assert result.error is None and result.token_ids == plain_greedy(target, [5, 5, 1], 12)
 
 
-class BrokenDrafter:
-    vocab_size = None
-
-    def add_requests(self, contexts):
-        pass
-
-    def keep_rows(self, rows):
-        pass
-
+class BrokenDrafter(DrafterBase):
     def propose(self, contexts, num_tokens, sample):
         raise RuntimeError("draft server went away")
-
-    def accept(self, num_accepted):
-        pass
 
 
 def test_a_failing_drafter_falls_back_to_plain_decoding(small_pair):

@@ -254,7 +254,7 @@ def test_engine_steps_feed_the_online_correction(tiny_models, one_thread):
     engine = SpecEngine(target, draft, policy, max_k=2, seed=0)
     engine.generate([[1, 2, 3, 4], [5, 6, 7, 8]], SamplingParams(max_new_tokens=40, seed=1))
     assert policy.model.observations == len(policy.records) >= 8
-    steady = [r for r in policy.records if r.batch_size == 2 and r.max_k == 2][-5:]
+    steady = [r for r in policy.records if r.batch_size == 2 and r.batch_k == 2][-5:]
     measured = float(np.median([r.total_seconds for r in steady]))
     context = max(steady[-1].context_lengths)
     predicted = policy.model.step_seconds(2, context, 2)

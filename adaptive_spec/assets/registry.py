@@ -89,11 +89,9 @@ class ModelPair:
     notes: str = ""
 
 
-class UnknownModelError(KeyError):
-    """Raised for a model or pair name that is not in the registry."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message otherwise.
-        return str(self.args[0]) if self.args else ""
+class UnknownModelError(ValueError):
+    """Raised for a model or pair name that is not in the registry (a user error, never a KeyError,
+    so the CLI can tell it from a bug)."""
 
 
 def normalize_dist_name(name: str) -> str:

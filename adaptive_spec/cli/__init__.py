@@ -15,7 +15,8 @@ from ..assets import FetchError
 from ..profiling.cli import add_profile_commands, run_profile
 from ..profiling.profile_file import ProfileError
 
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, PermissionError, FetchError, ProfileError)
+# Bad input only: a KeyError or any other exception from a bug keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, FetchError, ProfileError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except USER_ERRORS as error:  # bad input: one clear line, no traceback
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"adaptive-spec {args.command}: error: {message}", file=sys.stderr)
+        print(f"adaptive-spec {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

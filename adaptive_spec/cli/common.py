@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..assets import Prompt, encode_prompt, load_humaneval, load_jsonl, load_sharegpt
 from ..control.policy import mean_acceptance_length
+from ..resources import data_dir
 from ..engine.request import GenerationResult
 from ..modeling.loading import PRECISIONS, LoadedPair, load_pair
 from ..sampling.params import SamplingParams
@@ -52,7 +53,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
 
 
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+PROFILES_DIR = data_dir("profiles")
 
 
 def add_policy_options(parser: argparse.ArgumentParser, default: str) -> None:

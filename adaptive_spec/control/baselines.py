@@ -3,6 +3,8 @@
 - `HFHeuristicPolicy` ("heuristic"): Hugging Face assisted generation's heuristic schedule, per request
   (named so that `bench` can keep "hf-heuristic" for Hugging Face's own implementation):
   start at `start`; after a step, +2 if every draft was accepted, else -1; never below `floor`.
+  With floor 0 a request at k = 0 drafts one token every `probe_interval` steps, so k = 0 is
+  never absorbing (a full accept there climbs back by the same +2 rule).
 - `ConfidencePolicy` ("confidence:P"): draft up to `max_k`, but stop a row's draft at the first
   position where the draft model's top probability (softmax of its raw logits) is below P
   (llama.cpp's p_min, DISCO-like). Exact: the stopping rule looks only at the draft.
@@ -25,22 +27,33 @@ from .policy import PolicyBase, RequestView, StepRecord
 class HFHeuristicPolicy(PolicyBase):
     start: int = 5
     floor: int = 1
+    probe_interval: int = 8
     name: str = "heuristic"
 
     def __post_init__(self) -> None:
         if not 0 <= self.floor <= self.start:
             raise ValueError(f"heuristic needs 0 <= floor <= start, got floor={self.floor}, start={self.start}")
+        if self.probe_interval < 1:
+            raise ValueError(f"heuristic needs probe_interval >= 1, got {self.probe_interval}")
         self._k: dict[str, int] = {}
+        self._steps_off: dict[str, int] = {}
 
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
         self._k = {r.request_id: self._k.get(r.request_id, self.start) for r in requests}
-        return [self._k[r.request_id] for r in requests]
+        self._steps_off = {r.request_id: self._steps_off.get(r.request_id, 0) for r in requests}
+        return [self._k[r.request_id] or int(self._steps_off[r.request_id] >= self.probe_interval) for r in requests]
 
     def observe(self, record: StepRecord) -> None:
         for outcome in record.outcomes:
-            if outcome.request_id in self._k and outcome.k:
+            rid = outcome.request_id
+            if rid not in self._k:
+                continue
+            if outcome.k:
                 grow = outcome.accepted == outcome.k
-                self._k[outcome.request_id] = max(self.floor, self._k[outcome.request_id] + (2 if grow else -1))
+                self._k[rid] = max(self.floor, self._k[rid] + (2 if grow else -1))
+                self._steps_off[rid] = 0
+            elif self._k[rid] == 0:
+                self._steps_off[rid] += 1
 
 
 @dataclass

@@ -20,13 +20,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable
 
+from ..resources import data_dir
 from .baselines import BatchTablePolicy, ConfidencePolicy, EmaTiersPolicy, HFHeuristicPolicy
 from .cost_model import CostModel
 from .goodput import GoodputConfig, GoodputPolicy, StepCost
 from .policy import Policy, StaticPolicy
 
 PRESET_DIRS_ENV = "ADAPTIVE_SPEC_POLICIES"
-REPO_PRESETS = Path(__file__).resolve().parents[2] / "policies"
+SHIPPED_PRESETS = data_dir("policies")
 
 
 def _goodput(params: dict, cost_model: StepCost | Callable[[], StepCost | None] | None) -> GoodputPolicy:
@@ -118,7 +119,7 @@ def _build(cls, params: dict, kind: str):
 
 def _preset_dirs() -> list[Path]:
     dirs = [Path(d) for d in os.environ.get(PRESET_DIRS_ENV, "").split(os.pathsep) if d]
-    return [d for d in dirs + [REPO_PRESETS] if d.is_dir()]
+    return [d for d in dirs + [SHIPPED_PRESETS] if d.is_dir()]
 
 
 def _preset_path(text: str) -> Path | None:

@@ -3,10 +3,15 @@
 One `step()`:
   1. admit waiting requests (each prefilled alone; prefill emits its first token);
   2. ask the policy for each running request's k (clamped to what the request can use);
-  3. draft max k tokens for the batch (skipped when every k is 0);
-  4. verify: one target forward over [last token, K drafts] per row;
+  3. draft max k tokens for the batch (skipped when every k is 0); check what the drafter returned;
+  4. verify: one target forward over [last token, k drafts] per row;
   5. accept / recover / bonus by rejection sampling; emit, cut at stop tokens and budgets;
   6. roll caches back to the kept tokens, tell the policy, retire finished requests.
+
+A step is a transaction per request. User code runs inside it (constraints, a drafter, a policy);
+whatever it raises fails only the request it belongs to (a constraint) or switches off only what
+broke (a drafter or policy: the engine goes on without speculation, exactly). Caches are rolled back
+by counts of kept tokens, and every token a step emits reaches the caller.
 
 The engine knows nothing of tokenizers or text: prompts and outputs are token ids.
 """
@@ -20,13 +25,14 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..control.policy import Policy, RequestOutcome, RequestView, StepRecord, choose_ks
+from ..control.policy import (Policy, PolicyError, RequestOutcome, RequestView, StaticPolicy, StepRecord, choose_ks,
+                              draft_confidence_floor)
 from ..control.registry import make_policy
-from ..modeling.drafters import Draft, Drafter, ModelDrafter, logits_width
+from ..modeling.drafters import Draft, Drafter, ModelDrafter, check_draft, logits_width
 from ..modeling.kv import RaggedKV, same_length_groups
 from ..sampling.params import SamplingParams
 from ..sampling.rejection import verify
-from .processing import StepSampler, finite_rows
+from .processing import StepSampler
 from .request import GenerationResult, Request, RequestStats, StepOutput
 
 
@@ -51,7 +57,15 @@ class SpecEngine:
     ):
         self.target = target.eval()
         self.vocab_size = logits_width(target)
-        self.drafter: Drafter | None = draft if draft is None or isinstance(draft, Drafter) else ModelDrafter(draft)
+        # Everything a step creates lives here: the device of the target's logits.
+        self.device = next(target.parameters()).device
+        if draft is None or isinstance(draft, Drafter):
+            self.drafter: Drafter | None = draft
+        elif isinstance(draft, torch.nn.Module):
+            self.drafter = ModelDrafter(draft)
+        else:
+            raise ValueError(f"draft must be a causal LM, a Drafter (see modeling.drafters.DrafterBase) or None, "
+                             f"got {type(draft).__name__}")
         if self.drafter is not None and self.drafter.vocab_size not in (None, self.vocab_size):
             raise ValueError(
                 f"draft and target vocabularies differ: the draft produces {self.drafter.vocab_size} logits, "
@@ -64,14 +78,17 @@ class SpecEngine:
         self.max_batch_size = max_batch_size
         self._seeds = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
+        self._serials = itertools.count()
         self._kv = RaggedKV(target)
         self.max_positions = getattr(target.config, "max_position_embeddings", None)
         # Sliding-window models: a request (plus one step's drafts) must fit in the window.
-        windows = [kv.attention_window for kv in (self._kv, getattr(self.drafter, "kv", None)) if kv]
+        windows = [self._kv.attention_window, self.drafter.attention_window if self.drafter else None]
         self.attention_window = min((w for w in windows if w), default=None)
         self._running: list[Request] = []
         self._waiting: list[Request] = []
         self._drafter_error: str | None = None
+        self.policy_error: str | None = None
+        self._warned: set[str] = set()
 
     # --- the serving-loop API ----------------------------------------------------------------
     def add_request(self, prompt: Sequence[int], params: SamplingParams | None = None, request_id: str | None = None) -> str:
@@ -100,13 +117,18 @@ class SpecEngine:
     def has_unfinished(self) -> bool:
         return bool(self._running or self._waiting)
 
+    @property
+    def drafter_error(self) -> str | None:
+        """Why speculation was switched off for good (a drafter that raised), or None."""
+        return self._drafter_error
+
     def step(self) -> list[StepOutput]:
         outputs = self._admit()
         if not self._running:
             return outputs
         started = time.perf_counter()
         ks = self._choose_k()
-        sampler = StepSampler(self._running, ks, self.vocab_size)
+        sampler = StepSampler(self._running, ks, self.vocab_size, self.device)
         draft, draft_seconds = self._draft(ks, sampler)
         outputs += self._verify_and_emit(draft, sampler, started, draft_seconds)
         return outputs
@@ -137,12 +159,19 @@ class SpecEngine:
         room = self.max_batch_size - len(self._running)
         joining, self._waiting = self._waiting[:room], self._waiting[room:]
         outputs = []
-        for group in same_length_groups([r.prompt for r in joining]):
-            requests = [joining[i] for i in group]
-            kv = RaggedKV(self.target)
-            logits = kv.forward([r.prompt for r in requests], logits_to_keep=1)  # [rows, 1, vocab]
-            sampler = StepSampler(requests, [0] * len(requests), self.vocab_size)
-            verdict, errors, _ = self._sample_final(sampler, logits, _no_draft(len(requests)))
+        groups = [[joining[i] for i in group] for group in same_length_groups([r.prompt for r in joining])]
+        while groups:
+            requests = groups.pop(0)
+            try:
+                kv, verdict, errors = self._prefill(requests)
+            except Exception as error:
+                if len(requests) > 1:  # find the request at fault: retry each alone
+                    groups[:0] = [[request] for request in requests]
+                    continue
+                request = requests[0]
+                request.fail(f"prefill failed: {type(error).__name__}: {error}")
+                outputs.append(_output(request, []))
+                continue
             for request, token, error in zip(requests, verdict.final_tokens.tolist(), errors):
                 if error:
                     request.fail(error)
@@ -157,62 +186,90 @@ class SpecEngine:
                 self._guard_drafter(lambda: self.drafter.add_requests([requests[row].prompt for row in live]))
         return outputs
 
+    def _prefill(self, requests: list[Request]):
+        kv = RaggedKV(self.target)
+        logits = kv.forward([r.prompt for r in requests], logits_to_keep=1)  # [rows, 1, vocab]
+        sampler = StepSampler(requests, [0] * len(requests), self.vocab_size, self.device)
+        verdict, errors = self._sample_final(sampler, logits, _no_draft(len(requests), self.device))
+        return kv, verdict, errors
+
     def _choose_k(self) -> list[int]:
         if self.max_k == 0 or self._drafter_error is not None:
             return [0] * len(self._running)
         caps = [min(self.max_k, r.remaining - 1) for r in self._running]
-        room = getattr(self.drafter, "max_positions", None)
-        if room:  # the batch drafts max k for every row, so the shortest room bounds all
-            batch_cap = min(room - len(r.tokens) for r in self._running)
-            caps = [min(cap, batch_cap) for cap in caps]
-        views = [RequestView(r.request_id, len(r.tokens), r.remaining, max(cap, 0), r.history)
+        room = self.drafter.max_positions
+        if room:  # a row's context plus its drafts must fit the drafter's positions
+            caps = [min(cap, room - len(r.tokens)) for r, cap in zip(self._running, caps)]
+        views = [RequestView(r.policy_key, len(r.tokens), r.remaining, max(cap, 0), r.history)
                  for r, cap in zip(self._running, caps)]
-        return choose_ks(self.policy, views)
+        try:
+            return choose_ks(self.policy, views)
+        except PolicyError as error:
+            self._switch_policy_off(str(error))
+            return [0] * len(self._running)
 
-    def _draft(self, ks: list[int], sampler: StepSampler) -> tuple[Draft, float]:
-        empty = _no_draft(len(self._running))
+    def _draft(self, ks: list[int], sampler: StepSampler) -> tuple[Draft | None, float]:
+        """The checked draft, or None when nothing was proposed (every k is 0, or the drafter failed)."""
         if max(ks) == 0:
-            return empty, 0.0
+            return None, 0.0
         started = time.perf_counter()
-        limits = torch.as_tensor(ks)
         contexts = [r.tokens for r in self._running]
-        floor = float(getattr(self.policy, "min_draft_confidence", 0.0) or 0.0)
+        floor = draft_confidence_floor(self.policy)
+        limits = torch.as_tensor(ks)
         draft = self._guard_drafter(lambda: self.drafter.propose(contexts, ks, sampler.draft_sampler(limits, floor)))
-        if draft is None:
-            return empty, time.perf_counter() - started
-        draft = Draft(draft.tokens, draft.probs, torch.minimum(draft.num_drafted, limits))
+        if draft is not None:
+            draft, problem = check_draft(draft, ks, self.vocab_size, self.device)
+            if problem:
+                self._warn_once("draft", f"the drafter returned an unusable draft ({problem}); such rows verify "
+                                "without drafts (warned once)")
         return draft, time.perf_counter() - started
 
-    def _verify_and_emit(self, draft: Draft, sampler: StepSampler, started: float, draft_seconds: float) -> list[StepOutput]:
+    def _verify_and_emit(self, draft: Draft | None, sampler: StepSampler, started: float,
+                         draft_seconds: float) -> list[StepOutput]:
+        proposed = draft is not None  # a stateful drafter must hear back about every proposal
+        draft = draft or _no_draft(len(self._running), self.device)
         verify_started = time.perf_counter()
-        last = torch.as_tensor([[r.tokens[-1]] for r in self._running])
-        since = self._kv.num_slots
-        logits = self._kv.forward(torch.cat([last, draft.tokens], dim=1))  # [rows, K + 1, vocab]
-        verdict, errors, usable = self._sample_final(sampler, logits, draft)
+        before = self._kv.lengths
+        last = torch.as_tensor([[r.tokens[-1]] for r in self._running], device=self.device)
+        # Row i holds its last token and its own drafts; the columns past them are holes.
+        columns = torch.arange(draft.tokens.shape[1] + 1, device=self.device)
+        real = columns[None, :] <= draft.num_drafted[:, None]
+        try:
+            logits = self._kv.forward(torch.cat([last, draft.tokens], dim=1), real=real)  # [rows, K + 1, vocab]
+        except BaseException:
+            if proposed:  # the target failed, not a request: leave the drafter as if nothing was drafted
+                self._guard_drafter(lambda: self.drafter.accept(torch.zeros(len(self._running), dtype=torch.long)))
+            raise
+        verdict, errors = self._sample_final(sampler, logits, draft)
         verify_seconds = time.perf_counter() - verify_started
 
+        # Commit. Nothing below raises for one request's sake: a failing row keeps the drafts
+        # accepted before its failure (plain decoding had emitted them) and then fails alone.
         outputs, outcomes, finished = [], [], []
         for row, request in enumerate(self._running):
             k, accepted = int(draft.num_drafted[row]), int(verdict.num_accepted[row])
-            if errors[row]:  # keep the drafts accepted before the failure: plain decoding had emitted them
-                new = self._emit(request, draft.tokens[row, : int(usable[row])].tolist())
-                if request.finish_reason is None:
-                    request.fail(errors[row])
-            else:
-                new = self._emit(request, draft.tokens[row, :accepted].tolist() + [int(verdict.final_tokens[row])])
+            drafts = draft.tokens[row, :accepted].tolist()
+            new = self._emit(request, drafts if errors[row] else drafts + [int(verdict.final_tokens[row])])
+            if errors[row] and request.finish_reason is None:
+                request.fail(errors[row])
+            if not errors[row]:
                 request.history.record(k, accepted)
-            outcomes.append(RequestOutcome(request.request_id, k, accepted, len(new)))
+            outcomes.append(RequestOutcome(request.policy_key, k, accepted, len(new)))
             outputs.append(_output(request, new))
             if request.finish_reason is not None:
                 finished.append(row)
-        self._kv.keep_new(since, 1 + verdict.num_accepted)
-        if draft.tokens.shape[1] and self._drafter_error is None:
-            self._guard_drafter(lambda: self.drafter.accept(verdict.num_accepted))
-        self.policy.observe(StepRecord(
+        self._kv.truncate(before + 1 + verdict.num_accepted.cpu())
+        if proposed and self._drafter_error is None:
+            self._guard_drafter(lambda: self.drafter.accept(verdict.num_accepted.cpu()))
+        record = StepRecord(
             batch_size=len(self._running), batch_k=int(draft.tokens.shape[1]),
             context_lengths=tuple(len(r.tokens) for r in self._running), outcomes=tuple(outcomes),
             draft_seconds=draft_seconds, verify_seconds=verify_seconds, total_seconds=time.perf_counter() - started,
-        ))
+        )
+        try:
+            self.policy.observe(record)
+        except Exception as error:
+            self._switch_policy_off(f"policy {self.policy.name!r} raised {type(error).__name__} in observe: {error}")
         self._retire(finished)
         return outputs
 
@@ -220,23 +277,19 @@ class SpecEngine:
     def _sample_final(self, sampler: StepSampler, logits: torch.Tensor, draft: Draft):
         """Process target logits and run the accept test.
 
-        Returns (verdict, errors, usable): errors[row] names why a row cannot continue, and
-        usable[row] is how many of its accepted drafts still stand (those before the first
-        position whose target logits were non-finite), to be emitted before the row fails.
+        Returns (verdict, errors): errors[row] names why a row cannot go on. A failed target
+        position has probability zero everywhere, so no draft there is accepted and the row
+        fails exactly when its emitted sequence reaches that position; the drafts accepted before
+        it stand.
         """
-        probs, empty = sampler.probs(logits, draft.tokens, 0, draft.num_drafted)
-        verdict = verify(draft.tokens, draft.num_drafted, probs, draft.probs,
+        target = sampler.probs(logits, draft.tokens, 0, draft.num_drafted)
+        verdict = verify(draft.tokens, draft.num_drafted, target.probs, draft.probs,
                          sampler.accept_uniforms[:, : draft.tokens.shape[1]], sampler.final_uniforms)
-        positions = torch.arange(logits.shape[1])[None, :]
-        bad = ~finite_rows(logits) & (positions <= verdict.num_accepted[:, None])
-        first_bad = torch.where(bad, positions, logits.shape[1]).min(dim=1).values
-        usable = torch.minimum(verdict.num_accepted, first_bad)
-        final_empty = empty[torch.arange(logits.shape[0]), verdict.num_accepted]
-        errors = [None] * logits.shape[0]
-        for row in (bad.any(dim=1) | final_empty).nonzero().flatten().tolist():
-            errors[row] = ("the target produced non-finite logits (NaN or +inf)" if bad[row].any()
-                           else "the allowed-token set and constraint leave no token to generate")
-        return verdict, errors, usable
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        stuck = target.failed[rows, verdict.num_accepted].tolist()
+        accepted = verdict.num_accepted.tolist()
+        errors = [target.reasons[row, accepted[row]] if stuck[row] else None for row in range(len(stuck))]
+        return verdict, errors
 
     def _emit(self, request: Request, tokens: list[int]) -> list[int]:
         """Append tokens to a request, cut at its first stop token or its budget."""
@@ -252,7 +305,11 @@ class SpecEngine:
         constraint = request.params.constraint
         if constraint is not None:
             for token in emitted:  # the constraint's state moves on emitted tokens only
-                request.constraint_state = constraint.advance(request.constraint_state, token)
+                try:
+                    request.constraint_state = constraint.advance(request.constraint_state, token)
+                except Exception as error:  # the token stands (plain decoding emitted it too); the request ends
+                    request.fail(f"the constraint raised {type(error).__name__} in advance: {error}")
+                    return emitted
         if request.finish_reason is None and request.remaining == 0:
             request.finish_reason = "length"
         return emitted
@@ -266,6 +323,18 @@ class SpecEngine:
         self._kv.select_rows(keep)
         if self.drafter is not None and self._drafter_error is None:
             self._guard_drafter(lambda: self.drafter.keep_rows(keep))
+
+    def _switch_policy_off(self, message: str) -> None:
+        """A policy that raised is replaced by `off` for this engine: slower, never wrong."""
+        self.policy_error = message
+        self.policy = StaticPolicy(0)
+        warnings.warn(f"{message}; speculation is off for this engine from now on, outputs remain exact",
+                      RuntimeWarning, stacklevel=4)
+
+    def _warn_once(self, topic: str, message: str) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def _guard_drafter(self, call):
         """Run a drafter call; on failure switch speculation off for good (outputs stay exact)."""
@@ -300,21 +369,28 @@ class SpecEngine:
             raise ValueError(f"request {request_id}: prompt ({len(prompt)} tokens) plus max_new_tokens "
                              f"({params.max_new_tokens}) and max_k ({self.max_k}) exceeds the sliding attention "
                              f"window of {self.attention_window}, which this engine does not yet support")
+        constraint_state = None
+        if params.constraint is not None:
+            try:
+                constraint_state = params.constraint.initial_state()
+            except Exception as error:
+                raise ValueError(f"request {request_id}: the constraint's initial_state raised "
+                                 f"{type(error).__name__}: {error}") from error
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
-        request = Request(request_id, prompt, params, torch.Generator().manual_seed(seed), list(prompt))
+        request = Request(request_id, prompt, params, torch.Generator().manual_seed(seed), list(prompt),
+                          policy_key=f"{request_id}#{next(self._serials)}", constraint_state=constraint_state)
         if params.repetition_penalty != 1:
             request.seen = torch.zeros(self.vocab_size, dtype=torch.bool)
             request.seen[prompt] = True
         if params.allowed_token_ids is not None:
             request.allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
             request.allowed[list(params.allowed_token_ids)] = True
-        if params.constraint is not None:
-            request.constraint_state = params.constraint.initial_state()
         return request
 
 
-def _no_draft(rows: int) -> Draft:
-    return Draft(torch.zeros(rows, 0, dtype=torch.long), None, torch.zeros(rows, dtype=torch.long))
+def _no_draft(rows: int, device: torch.device) -> Draft:
+    return Draft(torch.zeros(rows, 0, dtype=torch.long, device=device), None,
+                 torch.zeros(rows, dtype=torch.long, device=device))
 
 
 def _output(request: Request, new: list[int]) -> StepOutput:

@@ -60,6 +60,7 @@ class Request:
     params: SamplingParams
     generator: torch.Generator
     tokens: list[int]  # prompt + generated
+    policy_key: str = ""  # what policies know the request by: unique for the engine's life, even if ids are reused
     constraint_state: Hashable | None = None
     seen: torch.Tensor | None = None  # [vocab] bool, only with a repetition penalty
     allowed: torch.Tensor | None = None  # [vocab] bool from allowed_token_ids, or None

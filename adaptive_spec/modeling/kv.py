@@ -50,51 +50,70 @@ class RaggedKV:
 
     # --- forward -----------------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, blocks: Sequence[Sequence[int]] | torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        blocks: Sequence[Sequence[int]] | torch.Tensor,
+        logits_to_keep: int = 0,
+        real: torch.Tensor | None = None,  # [rows, T] bool with a dense block: False = padding (a hole from the start)
+    ) -> torch.Tensor:
         """Feed each row its own tokens and cache them.
 
         `blocks` is one token list per row (ragged: left-padded into one block) or a dense
-        [rows, T] tensor. A new batch (no rows yet) takes one row per block. Returns logits
-        [rows, T', vocab] for the block's last T' columns (T' = `logits_to_keep`, or the whole
-        block when 0); row i's real tokens sit in its last len(blocks[i]) columns.
+        [rows, T] tensor, optionally with a `real` mask. A new batch (no rows yet) takes one row
+        per block. Returns logits [rows, T', vocab] for the block's last T' columns
+        (T' = `logits_to_keep`, or the whole block when 0).
+
+        Atomic: if the model raises, the bookkeeping is as before the call. Slot indices may
+        change inside (a sliding-window model compacts first), so callers roll back with
+        `truncate(lengths)`, never with slot indices.
         """
-        if self.num_rows == 0:
-            self.valid = torch.zeros(len(blocks), 0, dtype=torch.bool)
-        assert len(blocks) == self.num_rows, (len(blocks), self.num_rows)
+        rows = self.num_rows or len(blocks)
+        assert len(blocks) == rows, (len(blocks), rows)
         if isinstance(blocks, torch.Tensor):
             input_ids = blocks.long().cpu()
-            real = torch.ones_like(input_ids, dtype=torch.bool)
+            real = torch.ones_like(input_ids, dtype=torch.bool) if real is None else real.bool().cpu()
         else:
             input_ids, real = _left_pad_block(blocks)
-        if self.attention_window and self.num_slots + input_ids.shape[1] > self.attention_window:
+        valid = self.valid if self.num_rows else torch.zeros(rows, 0, dtype=torch.bool)
+        if self.attention_window and valid.shape[1] + input_ids.shape[1] > self.attention_window:
             self.compact()  # sliding layers window over slots, so keep slots within the window
-            if self.num_slots + input_ids.shape[1] > self.attention_window:
+            valid = self.valid
+            if valid.shape[1] + input_ids.shape[1] > self.attention_window:
                 raise RuntimeError(f"a row outgrew the model's attention window of {self.attention_window} tokens")
         device = self._device()
-        # Padding slots get the row's next position; they are masked, so the value is immaterial.
-        position_ids = self.lengths[:, None] + (real.long().cumsum(dim=1) - 1).clamp(min=0)
-        self.valid = torch.cat([self.valid, real], dim=1)
-        if self.cache is None:
-            self.cache = DynamicCache()
-        kwargs = {self._cache_arg: self.cache}
+        # A row's position is the count of its valid slots. Padding slots are masked, so their
+        # position is immaterial: 0 keeps it inside any position table.
+        lengths = valid.sum(dim=1)
+        position_ids = torch.where(real, lengths[:, None] + real.long().cumsum(dim=1) - 1, 0)
+        new_valid = torch.cat([valid, real], dim=1)
+        cache = self.cache if self.cache is not None else DynamicCache()
+        kwargs = {self._cache_arg: cache}
         if self._takes_logits_to_keep:
             kwargs["logits_to_keep"] = logits_to_keep
-        out = self.model(
-            input_ids=input_ids.to(device),
-            attention_mask=self.valid.long().to(device),
-            position_ids=position_ids.to(device),
-            use_cache=True,
-            **kwargs,
-        )
+        slots = [_width(layer) for layer in cache.layers]
+        try:
+            out = self.model(
+                input_ids=input_ids.to(device),
+                attention_mask=new_valid.long().to(device),
+                position_ids=position_ids.to(device),
+                use_cache=True,
+                **kwargs,
+            )
+        except BaseException:
+            _crop_layers(cache, slots)  # layers the failed call already extended
+            raise
+        self.cache, self.valid = cache, new_valid
         logits = out.logits
         return logits if self._takes_logits_to_keep or not logits_to_keep else logits[:, -logits_to_keep:]
 
     # --- bookkeeping -------------------------------------------------------------------------
-    def keep_new(self, since_slot: int, keep: torch.Tensor) -> None:
-        """Of the valid slots at index >= since_slot, row i keeps its first keep[i]; the rest become holes."""
-        tail = self.valid[:, since_slot:]
-        order = tail.long().cumsum(dim=1)  # 1-based rank among the row's new valid slots
-        self.valid[:, since_slot:] = tail & (order <= keep[:, None])
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Row i keeps its first lengths[i] valid slots; later ones become holes.
+
+        Counting valid slots rather than slot indices makes a rollback correct even when a
+        forward compacted the cache in between (sliding-window models do)."""
+        rank = self.valid.long().cumsum(dim=1)  # 1-based rank of each valid slot in its row
+        self.valid = self.valid & (rank <= lengths.cpu()[:, None])
         self._maybe_compact()
 
     def select_rows(self, rows: Sequence[int]) -> None:
@@ -190,6 +209,19 @@ def _left_pad_block(blocks: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torc
             input_ids[row, width - len(block):] = torch.as_tensor(block, dtype=torch.long)
             real[row, width - len(block):] = True
     return input_ids, real
+
+
+def _crop_layers(cache: DynamicCache, slots: list[int]) -> None:
+    """Cut each cache layer back to the slot count it had before a failed forward."""
+    for layer, width in zip(cache.layers, slots):
+        if _width(layer) > width:
+            layer.keys, layer.values = layer.keys[:, :, :width], layer.values[:, :, :width]
+    del cache.layers[len(slots):]
+
+
+def _width(layer) -> int:
+    keys = layer.keys
+    return keys.shape[2] if keys is not None and keys.dim() == 4 else 0
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:

@@ -174,8 +174,8 @@ def _run(args) -> int:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     try:
         target, draft, target_name, draft_name, random_weights = _load_models(args, dtype, device)
-    except (KeyError, ValueError, OSError) as error:
-        return _error(str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error))
+    except (ValueError, OSError) as error:
+        return _error(str(error))
     loaded = time.perf_counter() - started
     profile = profile_models(target, draft, settings, name=args.name, target_name=target_name, draft_name=draft_name,
                              random_weights=random_weights, progress=not args.quiet)  # fmt: skip

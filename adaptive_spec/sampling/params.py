@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Hashable, Protocol, Sequence, runtime_checkable
 
 
+# Temperatures and repetition penalties divide logits in float32; outside this range the result
+# overflows or underflows for ordinary logits, so such values are refused rather than sampled as NaN.
+COMPUTABLE = (1e-30, 1e30)
+
+
 @runtime_checkable
 class Constraint(Protocol):
     """A prefix-dependent token constraint (a grammar, a regex automaton, a JSON schema ...).
@@ -57,7 +62,9 @@ class SamplingParams:
     -> min-p. `temperature == 0` is greedy: the processed distribution is one-hot on the argmax of
     the penalised, masked logits.
 
-    top_k = 0, top_p = 1, min_p = 0 and repetition_penalty = 1 switch that transform off.
+    top_k = 0, top_p = 1, min_p = 0 and repetition_penalty = 1 switch that transform off; a top_k
+    at least the vocabulary size keeps every token. temperature (when not 0) and
+    repetition_penalty must lie in `COMPUTABLE`.
     seed = None draws the request's seed from the engine's own generator.
     """
 
@@ -77,13 +84,13 @@ class SamplingParams:
             if not ok:
                 raise ValueError(f"SamplingParams: {message}")
 
-        need(_finite(self.temperature) and self.temperature >= 0,
-             f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        need(_finite(self.temperature) and (self.temperature == 0 or COMPUTABLE[0] <= self.temperature <= COMPUTABLE[1]),
+             f"temperature must be 0 (greedy) or in [{COMPUTABLE[0]:g}, {COMPUTABLE[1]:g}], got {self.temperature!r}")
         need(_integer(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
         need(_finite(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
         need(_finite(self.min_p) and 0 <= self.min_p < 1, f"min_p must be in [0, 1), got {self.min_p!r}")
-        need(_finite(self.repetition_penalty) and self.repetition_penalty > 0,
-             f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        need(_finite(self.repetition_penalty) and COMPUTABLE[0] <= self.repetition_penalty <= COMPUTABLE[1],
+             f"repetition_penalty must be in [{COMPUTABLE[0]:g}, {COMPUTABLE[1]:g}], got {self.repetition_penalty!r}")
         need(_integer(self.max_new_tokens) and self.max_new_tokens >= 1,
              f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         need(self.seed is None or _integer(self.seed), f"seed must be an integer or None, got {self.seed!r}")

@@ -57,7 +57,10 @@ def process_logits(
     empty = torch.isneginf(logits).all(dim=-1)
 
     temperature = torch.where(greedy, torch.ones_like(settings.temperature), settings.temperature)
-    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    # Shift by the row maximum before dividing, so a tiny temperature cannot overflow to inf.
+    top = logits.amax(dim=-1, keepdim=True)
+    shifted = logits - torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    probs = torch.softmax(shifted / temperature[:, None], dim=-1)
 
     filtered = ~greedy & ((settings.top_k > 0) | (settings.top_p < 1) | (settings.min_p > 0))
     if filtered.any():
@@ -77,11 +80,13 @@ def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _filter_sorted(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Top-k, then top-p over the renormalised survivors, then min-p; one sort for all three."""
+    """Top-k, then top-p over the renormalised survivors, then min-p; one sort for all three.
+
+    Top-k keeps every token tied with the k-th largest probability, as Hugging Face does."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[-1], device=probs.device)
-    k = torch.where(top_k > 0, top_k, probs.shape[-1])
-    keep = rank[None, :] < k[:, None]
+    k = torch.where(top_k > 0, top_k.clamp(max=probs.shape[-1]), probs.shape[-1])
+    kth = sorted_probs.gather(-1, (k - 1)[:, None])
+    keep = sorted_probs >= kth
     kept = sorted_probs * keep
     kept = kept / kept.sum(dim=-1, keepdim=True)
     mass_before = kept.cumsum(dim=-1) - kept
