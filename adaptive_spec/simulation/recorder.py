@@ -6,16 +6,16 @@
    cache) to get the logits at every generated position; process both with the request's sampling
    settings through `process_logits` (the engine's transforms; each position with its own prefix
    for the repetition penalty).
-3. Per generated position with emitted token x: ``accept_prob = min(p(x), q(x)) / p(x)``
+3. Per generated position with emitted token x: ``accept_prob = min(target(x), draft(x)) / target(x)``
    (greedy: 1.0 iff the draft's processed argmax is x), ``draft_confidence`` = the draft's top raw
    softmax probability. For the n-gram drafter: accept_prob = 1.0 iff
    ``NgramDrafter().lookup(context so far, 1)`` proposes x (multi-token n-gram continuations are
    approximated by these per-position lookups), draft_confidence = 1.0.
 
 A full forward rounds differently from the engine's cached forwards, so at a near-tie a greedy
-target may prefer another token than the one emitted, or p(x) may come out 0 under top-p/top-k; such
+target may prefer another token than the one emitted, or target(x) may come out 0 under top-p/top-k; such
 positions are counted in the metadata (``teacher_forcing_mismatches``) and get accept_prob 0 when
-p(x) = 0.
+target(x) = 0.
 """
 
 from __future__ import annotations
@@ -65,14 +65,15 @@ def position_stats(target: torch.nn.Module, draft, prompt: Sequence[int], output
                    params: SamplingParams) -> dict:
     """accept_prob and draft_confidence at every generated position of one request."""
     n = len(output)
-    x = torch.as_tensor(list(output))
+    emitted = torch.as_tensor(list(output))
     target_logits = _logits(target, prompt, output)
     vocab = target_logits.shape[-1]
     seen = _seen(prompt, output, vocab, params)
     settings = _settings(params, n)
-    p_all, _ = process_logits(target_logits, settings, seen)
-    p = p_all[torch.arange(n), x]
-    mismatches = int((p_all.argmax(-1) != x).sum()) if params.greedy else int((p <= 0).sum())
+    target_probs, _ = process_logits(target_logits, settings, seen)
+    target_at_emitted = target_probs[torch.arange(n), emitted]
+    mismatches = (int((target_probs.argmax(-1) != emitted).sum()) if params.greedy
+                  else int((target_at_emitted <= 0).sum()))
     if isinstance(draft, NgramDrafter):
         context = list(prompt)
         accept = []
@@ -81,12 +82,14 @@ def position_stats(target: torch.nn.Module, draft, prompt: Sequence[int], output
             context.append(int(token))
         return {"accept_prob": accept, "draft_confidence": [1.0] * n, "mismatches": mismatches}
     draft_logits = _logits(draft, prompt, output)[:, :vocab]
-    q_all, _ = process_logits(draft_logits, settings, seen)
+    draft_probs, _ = process_logits(draft_logits, settings, seen)
     if params.greedy:
-        accept = (q_all.argmax(-1) == x).double()
+        accept = (draft_probs.argmax(-1) == emitted).double()
     else:
-        q = q_all[torch.arange(n), x]
-        accept = torch.where(p > 0, torch.minimum(p, q) / p.clamp_min(1e-30), torch.zeros_like(p)).double()
+        draft_at_emitted = draft_probs[torch.arange(n), emitted]
+        accept = torch.where(target_at_emitted > 0,
+                             torch.minimum(target_at_emitted, draft_at_emitted) / target_at_emitted.clamp_min(1e-30),
+                             torch.zeros_like(target_at_emitted)).double()
     confidence = torch.softmax(draft_logits, dim=-1).amax(-1).double()
     return {"accept_prob": accept.clamp(0, 1).tolist(), "draft_confidence": confidence.clamp(0, 1).tolist(),
             "mismatches": mismatches}

@@ -18,7 +18,7 @@ Semantics (one simulated request replays one trace request of n generated positi
   the positions before it. The batch's draft loop still runs K = max k_i steps, as in the engine.
 
 Why this is exact in distribution: given the emitted sequence, the event "position t was an
-accepted draft" has probability min(p(x), q(x)) / p(x) and depends only on that position's own
+accepted draft" has probability min(target(x), draft(x)) / target(x) and depends only on that position's own
 draws given its prefix, so the events are independent across positions; a k schedule only decides
 which of them are looked at. (Greedy traces hold 0/1 values: replay is deterministic.)
 

@@ -14,7 +14,7 @@ One row per generated position of every request (position 0 is the token prefill
 ``prompt_length``     prompt tokens (the request's context before it generates)
 ``position``          index of the generated token, 0 .. n-1 (contiguous per request)
 ``token``             the emitted token id
-``accept_prob``       min(p(x), q(x)) / p(x) for the processed target p and draft q distributions
+``accept_prob``       min(target(x), draft(x)) / target(x) for the processed target and draft distributions
                       at this position: the probability that x was emitted as an accepted draft
                       (greedy: 1.0 when the draft's processed argmax is x, else 0.0)
 ``draft_confidence``  the draft model's top probability (softmax of its raw logits) here; the
