@@ -258,5 +258,7 @@ def test_engine_steps_feed_the_online_correction(tiny_models, one_thread):
     measured = float(np.median([r.total_seconds for r in steady]))
     context = max(steady[-1].context_lengths)
     predicted = policy.model.step_seconds(2, context, 2)
-    assert measured / 2 < predicted < measured * 2  # the default guessed ~30x too slow for this tiny model
-    assert CostModel.default().step_seconds(2, context, 2) > 5 * predicted
+    assert measured / 2 < predicted < measured * 2
+    # ... where the uncorrected default was outside that band (it guesses a far bigger model), so
+    # the correction, not luck, put the prediction there
+    assert CostModel.default().step_seconds(2, context, 2) > 2 * measured

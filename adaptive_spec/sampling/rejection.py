@@ -53,7 +53,7 @@ def verify(
     rows = torch.arange(batch, device=draft_tokens.device)
     if max_drafts == 0:
         tokens = sample_inverse_cdf(target_probs[:, 0], final_uniforms)
-        return Verdict(torch.zeros_like(num_drafts), tokens, torch.zeros(batch, dtype=torch.bool))
+        return Verdict(torch.zeros_like(num_drafts), tokens, torch.zeros_like(num_drafts, dtype=torch.bool))
 
     target_at_draft = target_probs[:, :max_drafts].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [batch, K]
     if draft_probs is None:
