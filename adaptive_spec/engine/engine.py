@@ -250,10 +250,10 @@ class SpecEngine:
             k, accepted = int(draft.num_drafted[row]), int(verdict.num_accepted[row])
             drafts = draft.tokens[row, :accepted].tolist()
             new = self._emit(request, drafts if errors[row] else drafts + [int(verdict.final_tokens[row])])
-            if errors[row] and request.finish_reason is None:
-                request.fail(errors[row])
             if not errors[row]:
                 request.history.record(k, accepted)
+            elif request.finish_reason is None:
+                request.fail(errors[row])
             outcomes.append(RequestOutcome(request.policy_key, k, accepted, len(new)))
             outputs.append(_output(request, new))
             if request.finish_reason is not None:
