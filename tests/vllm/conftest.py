@@ -8,19 +8,13 @@ work may share the cores, and vLLM's spinning thread barriers stall badly when i
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 
-TEST_THREADS = 1
-SMALL_MODEL = "smollm2-135m-instruct"  # the fastest registered model; n-gram drafting needs no partner
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")  # read when numba loads, before any engine starts
 
-PROMPTS = {
-    "code": 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-    "prose": "Write a short poem about autumn leaves falling.",
-    "repeat": ("Copy the text exactly.\nText: one two three four five six seven eight nine ten eleven twelve\n"
-               "Copy: one two three four five six seven eight nine ten eleven twelve\nCopy:"),
-    "list": "Repeat this list three times: apple, banana, cherry, date, elderberry, fig, grape.",
-}
+from vllm_cases import TEST_THREADS, sampling
 
 
 class EnginePool:
@@ -44,18 +38,17 @@ class EnginePool:
             self.llm = self.spec = None
             gc.collect()
 
-    def reference(self, target: str, prompts: tuple[str, ...], max_tokens: int) -> list[list[int]]:
-        """Greedy token ids from vLLM with no speculative decoding at all (cached per session)."""
-        from vllm import SamplingParams
-
+    def reference(self, target: str, prompts: tuple[str, ...], max_tokens: int,
+                  temperature: float = 0.0, seeds: tuple[int, ...] | None = None) -> list[list[int]]:
+        """Token ids from vLLM with no speculative decoding at all (cached per session)."""
         from adaptive_spec.integrations.vllm.engine import EngineSpec
 
-        key = (target, prompts, max_tokens)
+        key = (target, prompts, max_tokens, temperature, seeds)
         if key not in self.references:
             spec = EngineSpec(target, drafter=None, threads=TEST_THREADS)
             llm = self.get(spec)
             assert "speculative_config" not in spec.llm_kwargs()
-            outputs = llm.generate(list(prompts), SamplingParams(temperature=0, max_tokens=max_tokens))
+            outputs = llm.generate(list(prompts), sampling(len(prompts), max_tokens, temperature, seeds))
             self.references[key] = [list(o.outputs[0].token_ids) for o in outputs]
         return self.references[key]
 

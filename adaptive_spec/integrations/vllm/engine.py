@@ -35,6 +35,7 @@ class EngineSpec:
     # that many unbound threads; use 1 where other work shares the cores, because vLLM's spinning
     # thread barriers then stall (measured 14x slower with 2 threads next to one busy process).
     threads: int | None = None
+    prefix_caching: bool = True
 
     @classmethod
     def for_pair(cls, pair: str, **options) -> "EngineSpec":
@@ -53,7 +54,7 @@ class EngineSpec:
     def llm_kwargs(self) -> dict:
         kwargs = dict(model=resolve_model(self.target, progress=False), dtype=self.dtype, enforce_eager=True,
                       max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs, seed=self.seed,
-                      async_scheduling=False)
+                      async_scheduling=False, enable_prefix_caching=self.prefix_caching)
         spec = self.speculative_config()
         if spec is not None:
             kwargs["speculative_config"] = spec
@@ -64,7 +65,8 @@ class EngineSpec:
     def environment(self) -> dict[str, str]:
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib)}
         if self.threads is not None:
-            env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(self.threads))
+            env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(self.threads),
+                       NUMBA_NUM_THREADS=str(self.threads))  # the n-gram drafter's parallel loops
         return {**env, **self.settings.environment()}
 
 
