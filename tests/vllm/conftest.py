@@ -8,7 +8,11 @@ work may share the cores, and vLLM's spinning thread barriers stall badly when i
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -39,11 +43,16 @@ class EnginePool:
             gc.collect()
 
     def reference(self, target: str, prompts: tuple[str, ...], max_tokens: int,
-                  temperature: float = 0.0, seeds: tuple[int, ...] | None = None) -> list[list[int]]:
-        """Token ids from vLLM with no speculative decoding at all (cached per session)."""
+                  temperature: float = 0.0, seeds: tuple[int, ...] | None = None,
+                  in_child: bool = False) -> list[list[int]]:
+        """Token ids from vLLM with no speculative decoding at all (cached per session). `in_child`:
+        computed in a child process, so a large model's memory is surely returned before the next
+        engine loads (memory freed inside this process is not all given back)."""
         from adaptive_spec.integrations.vllm.engine import EngineSpec
 
         key = (target, prompts, max_tokens, temperature, seeds)
+        if key not in self.references and in_child:
+            self.references[key] = greedy_in_child(target, prompts, max_tokens)
         if key not in self.references:
             spec = EngineSpec(target, drafter=None, threads=TEST_THREADS)
             llm = self.get(spec)
@@ -51,6 +60,23 @@ class EnginePool:
             outputs = llm.generate(list(prompts), sampling(len(prompts), max_tokens, temperature, seeds))
             self.references[key] = [list(o.outputs[0].token_ids) for o in outputs]
         return self.references[key]
+
+
+def greedy_in_child(target: str, prompts: tuple[str, ...], max_tokens: int) -> list[list[int]]:
+    code = textwrap.dedent(f"""
+        import json, sys
+        from vllm import SamplingParams
+        from adaptive_spec.integrations.vllm.engine import EngineSpec, make_llm
+        if __name__ == "__main__":
+            llm = make_llm(EngineSpec({target!r}, drafter=None, threads={TEST_THREADS}))
+            outputs = llm.generate(json.loads(sys.stdin.read()), SamplingParams(temperature=0, max_tokens={max_tokens}))
+            print("REFERENCE", json.dumps([list(o.outputs[0].token_ids) for o in outputs]))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], input=json.dumps(list(prompts)), capture_output=True,
+                            text=True, timeout=900)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("REFERENCE ")]
+    assert result.returncode == 0 and lines, result.stderr[-3000:]
+    return json.loads(lines[-1][len("REFERENCE "):])
 
 
 @pytest.fixture(scope="session")
