@@ -35,6 +35,7 @@ import numpy as np
 from ...assets import encode_prompt
 from ...control.cost_model import CostModel
 from ...control.registry import make_policy
+from ...profiling.profile_file import load_profile
 from .controller import SpecController
 from .engine import EngineSpec, make_llm
 
@@ -63,6 +64,11 @@ def add_vllm_bench_options(parser) -> None:
 
 def run_vllm_bench(args, prompts) -> int:
     configs = [c.strip() for c in args.policies.split(",") if c.strip()]
+    if _profile_path(args):
+        load_profile(_profile_path(args))  # a missing or corrupt profile fails before any model loads
+    for config in configs:  # an unknown policy too
+        if config != "vllm-off" and not config.startswith("vllm-"):
+            make_policy(config, CostModel.default)
     temperatures = [float(t) for t in args.temperatures.split(",")]
     pair = args.pair or ("qwen-coder" if not args.target else None)
     base = EngineSpec.for_pair(pair) if pair else EngineSpec(args.target, args.draft)
@@ -87,7 +93,7 @@ def run_vllm_bench(args, prompts) -> int:
     _print_table(rows)
     document = {
         "engine": "vllm", "machine": _machine(),
-        "settings": {"target": base.target, "drafter": base.drafter, "dtype": args.dtype, "max_k": max_k,
+        "settings": {"profile": _profile_path(args), "target": base.target, "drafter": base.drafter, "dtype": args.dtype, "max_k": max_k,
                      "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
                      "rate": args.rate, "requests": len(trace), "threads": args.threads, "seed": args.seed,
                      "vllm_table": VLLM_TABLE},
@@ -111,7 +117,7 @@ def _run_configs(llm, configs, prompt_ids, trace, temperatures, args) -> list[di
     _run(llm, [prompt_ids[0][:16]], [0.0], 0.0, 4, 0)  # warm-up
     rows = []
     for temperature in temperatures:
-        controllers = {c: _controller(c) for c in configs}
+        controllers = {c: _controller(c, _profile_path(args)) for c in configs}
         results = {c: [] for c in configs}
         if args.rate <= 0:  # batch 1: interleaved prompt by prompt
             for index, ids in enumerate(prompt_ids):
@@ -164,12 +170,12 @@ def _run(llm, prompts, arrivals, temperature, max_tokens, seed) -> list[RequestT
     return list(timings.values())
 
 
-def _controller(config: str) -> SpecController | None:
+def _controller(config: str, profile: str | None = None) -> SpecController | None:
     if config == "vllm-off":
         return None
     if config.startswith("vllm-"):
         return SpecController(make_policy("off"))  # vLLM chooses; this one only counts acceptance
-    cost_model = CostModel.default()
+    cost_model = CostModel.from_profile(load_profile(profile)) if profile else CostModel.default()
     return SpecController(make_policy(config, cost_model), cost_model)
 
 
@@ -226,6 +232,12 @@ def _print_table(rows) -> None:
         print(f"{r['temperature']:>5} {r['config']:<16} {r['tokens']:>7} {r['tokens_per_s'] or 0:>8.2f} "
               + " ".join(f"{c:>{w}.2f}" if isinstance(c, (int, float)) else f"{'-':>{w}}"
                          for c, w in zip(cells, (6, 7, 7, 7, 7, 7, 7))))
+
+
+def _profile_path(args) -> str | None:
+    """A vLLM profile file for our policies' cost model; 'auto' and 'none' mean learn online (the
+    committed profiles time this project's engine, not vLLM)."""
+    return None if args.profile in ("auto", "none") else args.profile
 
 
 def _static_k(config: str) -> int:
