@@ -69,7 +69,8 @@ def profile_vllm(spec: EngineSpec, grid: dict, name: str | None = None, progress
                 params = SamplingParams(temperature=0, max_tokens=steps * (k + 1), ignore_eos=True)
                 llm.generate(prompts, params, use_tqdm=False)
                 kept = [r.total_seconds for r in policy.records
-                        if r.total_seconds > 0 and r.batch_k == k and r.batch_size == batch][grid["warmup"]:]
+                        if r.total_seconds > 0 and r.batch_k == k and r.batch_size == batch]
+                kept = kept[grid["warmup"]:grid["warmup"] + grid["repeats"]]
                 if not kept:
                     warnings.append(f"no clean steps at batch {batch}, context {context}, K {k}")
                     continue
