@@ -9,6 +9,7 @@ from ..assets.cli import add_models_commands, run_models
 from .bench import add_bench_command, run_bench
 from .generate import add_generate_command, run_generate
 from .policy_cost import add_policy_cost_command, run_policy_cost
+from .serve import add_serve_command, run_serve_command
 from .trace_simulate import add_trace_commands, run_simulate, run_trace
 
 from ..assets import FetchError
@@ -28,11 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_policy_cost_command(subparsers)
     add_profile_commands(subparsers)
     add_trace_commands(subparsers)
+    add_serve_command(subparsers)
     return parser
 
 
 COMMANDS = {"generate": run_generate, "bench": run_bench, "models": run_models, "policy-cost": run_policy_cost,
-            "profile": run_profile, "trace": run_trace, "simulate": run_simulate}
+            "profile": run_profile, "trace": run_trace, "simulate": run_simulate, "serve": run_serve_command}
 
 
 def main(argv: list[str] | None = None) -> int:

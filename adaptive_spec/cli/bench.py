@@ -26,6 +26,8 @@ from ..control import make_policy
 from ..engine import SpecEngine
 from .common import (add_model_options, add_prompt_options, encode_all, gather_prompts, load_models,
                      policy_factory, print_json_line, stop_ids, summarize)
+from ..integrations.vllm.bench import DEFAULT_CONFIGS as VLLM_DEFAULT_CONFIGS
+from ..integrations.vllm.bench import add_vllm_bench_options, run_vllm_bench
 from ..sampling.params import SamplingParams
 
 DEFAULT_POLICIES = "off,static:1,static:2,static:3,static:4,static:5,static:6"
@@ -52,12 +54,19 @@ def add_bench_command(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     parser.add_argument("--output-json", default=None, help="write the full record here")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                        help="hf: this project's engine and Hugging Face; vllm: vLLM with and without the plug-in")
+    add_vllm_bench_options(parser)
 
 
 def run_bench(args) -> int:
     if not (args.prompt or args.prompts or args.humaneval or args.sharegpt):
         args.humaneval, args.sharegpt = 3, 3
     prompts = gather_prompts(args)
+    if args.engine == "vllm":
+        if args.policies == DEFAULT_POLICIES:
+            args.policies = VLLM_DEFAULT_CONFIGS
+        return run_vllm_bench(args, _interleave_sources(prompts))
     loaded = load_models(args)
     prompt_ids = encode_all(prompts, loaded.tokenizer, chat=not args.no_chat)
     stops = stop_ids(loaded.tokenizer, loaded.target)
@@ -166,3 +175,12 @@ def _print_table(rows: list[dict]) -> None:
 
 def _cell(value, width: int) -> str:
     return f"{value:>{width}.2f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+
+
+def _interleave_sources(prompts):
+    """HumanEval, ShareGPT, HumanEval, ...: so a trace or a cut-short run mixes code and prose."""
+    by_source: dict[str, list] = {}
+    for prompt in prompts:
+        by_source.setdefault(prompt.source, []).append(prompt)
+    queues = list(by_source.values())
+    return [queue[i] for i in range(max(map(len, queues))) for queue in queues if i < len(queue)]

@@ -89,6 +89,8 @@ def add_profile_commands(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="output file (default profiles/<name>.json)")
     run.add_argument("--name", default=None, help="the profile's name (default from device, threads, model, dtype)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                     help="vllm: time whole vLLM steps (batch x context x K) with the scheduler plug-in")
     show = p.add_argument_group("show")
     show.add_argument("--strict", action="store_true",
                       help="show: exit with an error if the profile was measured on another kind of machine")
@@ -296,6 +298,10 @@ def run_profile(args) -> int:
     """Run `profile [run]` or `profile show` from parsed arguments; returns the exit code."""
     if getattr(args, "profile_action", "run") == "show":
         return _show(args)
+    if getattr(args, "engine", "hf") == "vllm":
+        from ..integrations.vllm.profile import run_vllm_profile
+
+        return run_vllm_profile(args)
     return _run(args)
 
 

@@ -1,0 +1,44 @@
+"""`adaptive-spec serve`: an OpenAI-compatible server. Only `--engine vllm` exists: vLLM's server with
+the speculation-length plug-in (see `adaptive_spec.integrations.vllm.serve`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..integrations.vllm.controller import ControllerSettings
+from ..integrations.vllm.engine import EngineSpec
+from ..integrations.vllm.serve import run_serve
+
+
+def add_serve_command(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="an OpenAI-compatible server (vLLM with the plug-in)",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--engine", choices=("vllm",), default="vllm")
+    parser.add_argument("--pair", default=None, help="a named target/draft pair (default qwen-coder)")
+    parser.add_argument("--target", default=None, help="target model name or directory (instead of --pair)")
+    parser.add_argument("--draft", default=None, help="draft model name or directory, 'ngram', or 'none'")
+    parser.add_argument("--policy", default="goodput", help="the plug-in's policy (any name `generate` takes)")
+    parser.add_argument("--profile", default="none", help="a latency profile JSON file, or 'none' (learn online)")
+    parser.add_argument("--max-k", type=int, default=6, help="num_speculative_tokens: the cap on any k")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache size on CPU (GiB)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--dry-run", action="store_true", help="print the equivalent `vllm serve` command and exit")
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: passed to vllm serve")
+
+
+def run_serve_command(args) -> int:
+    settings = ControllerSettings(args.policy, None if args.profile == "none" else args.profile)
+    options = dict(max_k=args.max_k, settings=settings, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib)
+    if args.target:
+        drafter = None if args.draft in (None, "none") else args.draft
+        spec = EngineSpec(args.target, drafter, **options)
+    else:
+        spec = EngineSpec.for_pair(args.pair or "qwen-coder", **options)
+        if args.draft:
+            spec = EngineSpec(spec.target, None if args.draft == "none" else args.draft, **options)
+    if args.policy != "off" and not args.dry_run:
+        settings.build()  # a bad policy or profile fails here, before vLLM spends a minute starting
+    extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
+    return run_serve(spec, args.host, args.port, extra, dry_run=args.dry_run)

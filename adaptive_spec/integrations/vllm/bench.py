@@ -1,0 +1,280 @@
+"""`adaptive-spec bench --engine vllm`: vLLM without speculation, vLLM's own draft-length schedules and
+our policies, on the same prompts, side by side in one run.
+
+Configurations:
+  vllm-off        vLLM with no speculative decoding (its own engine: the target alone);
+  vllm-static:K   vLLM's own dynamic mode with one K for every batch size;
+  vllm-table      vLLM's batch-size table (`num_speculative_tokens_per_batch_size`), here the same
+                  schedule as this project's `batch-table` preset: K = 4, 3, 2, 1 at batch 1, 2-3,
+                  4-7, 8, and 0 above 8;
+  any policy name (goodput, heuristic, ...) runs through the scheduler plug-in.
+All speculative configurations share one engine (the draft model loaded once, `num_speculative_tokens`
+= the largest K any of them uses); between runs the scheduler is switched, so they differ only in
+who chooses the draft length. vllm-off needs an engine without a drafter and runs first, alone.
+
+Regimes: `--rate 0` (default) runs each prompt alone (batch 1), prompts interleaved across the
+speculative configurations (every configuration on prompt 1, then prompt 2, ...); `--rate R` replays
+one seeded Poisson arrival trace at R requests/s through each configuration in turn. Requests are fed
+through vLLM's engine loop (`LLMEngine.add_request` / `step`) in this process, and every token is
+time-stamped when its step returns: TTFT = first token - arrival, TPOT = (last - first) / (tokens - 1),
+ITL = gaps between a request's successive steps that emitted tokens. Acceptance is counted by the
+scheduler plug-in in every speculative configuration. The last stdout line is one JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...assets import encode_prompt
+from ...control.cost_model import CostModel
+from ...control.registry import make_policy
+from ...profiling.profile_file import load_profile
+from .controller import SpecController
+from .engine import EngineSpec, make_llm
+
+VLLM_TABLE = [(1, 1, 4), (2, 3, 3), (4, 7, 2), (8, 8, 1), (9, 1024, 0)]
+DEFAULT_CONFIGS = "vllm-off,vllm-static:3,vllm-static:5,vllm-table,goodput"
+
+
+@dataclass
+class RequestTiming:
+    arrival: float
+    token_times: list[float] = field(default_factory=list)  # one entry per emitted token
+    event_times: list[float] = field(default_factory=list)  # one entry per step that emitted tokens
+
+
+def add_vllm_bench_options(parser) -> None:
+    group = parser.add_argument_group("vLLM engine (--engine vllm)")
+    group.add_argument("--rate", type=float, default=0.0,
+                       help="Poisson arrivals per second (0 = each prompt alone, batch 1)")
+    group.add_argument("--num-requests", type=int, default=0,
+                       help="requests in the Poisson trace (default: the prompts once)")
+    group.add_argument("--max-k", type=int, default=0, help="num_speculative_tokens (default: the largest K used)")
+    group.add_argument("--threads", type=int, default=None,
+                       help="compute threads (default: vLLM binds all cores; use 1 on a shared machine)")
+    group.add_argument("--max-num-seqs", type=int, default=16)
+
+
+def run_vllm_bench(args, prompts) -> int:
+    configs = [c.strip() for c in args.policies.split(",") if c.strip()]
+    if _profile_path(args):
+        load_profile(_profile_path(args))  # a missing or corrupt profile fails before any model loads
+    for config in configs:  # an unknown policy too
+        if config != "vllm-off" and not config.startswith("vllm-"):
+            make_policy(config, CostModel.default)
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    pair = args.pair or ("qwen-coder" if not args.target else None)
+    base = EngineSpec.for_pair(pair) if pair else EngineSpec(args.target, args.draft)
+    if args.draft:
+        base = EngineSpec(base.target, None if args.draft == "none" else args.draft)
+    speculative = [c for c in configs if c != "vllm-off"]
+    max_k = args.max_k or max([_static_k(c) for c in speculative] + [4, 5 if "goodput" in configs else 0])
+    common = dict(dtype=args.dtype, max_num_seqs=args.max_num_seqs, threads=args.threads, seed=args.seed)
+    tokenizer = _tokenizer(base.target)
+    prompt_ids = [encode_prompt(tokenizer, p, chat=not args.no_chat) for p in prompts]
+    trace = _arrivals(args.rate, args.num_requests or len(prompt_ids), args.seed)
+    rows = []
+    if "vllm-off" in configs:
+        llm = make_llm(EngineSpec(base.target, None, **common))
+        rows += _run_configs(llm, ["vllm-off"], prompt_ids, trace, temperatures, args)
+        del llm
+        _collect()
+    if speculative:
+        llm = make_llm(EngineSpec(base.target, base.drafter, max_k=max_k, **common))
+        rows += _run_configs(llm, speculative, prompt_ids, trace, temperatures, args)
+    _add_ratios(rows)
+    _print_table(rows)
+    document = {
+        "engine": "vllm", "machine": _machine(),
+        "settings": {"profile": _profile_path(args), "target": base.target, "drafter": base.drafter, "dtype": args.dtype, "max_k": max_k,
+                     "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
+                     "rate": args.rate, "requests": len(trace), "threads": args.threads, "seed": args.seed,
+                     "vllm_table": VLLM_TABLE},
+        "runs": rows,
+    }
+    if args.output_json:
+        with open(args.output_json, "w") as handle:
+            json.dump(document, handle, indent=1)
+    sys.stdout.write(json.dumps(document, sort_keys=True) + "\n")
+    return 0
+
+
+# --- running ------------------------------------------------------------------------------------
+def _run_configs(llm, configs, prompt_ids, trace, temperatures, args) -> list[dict]:
+    """Each configuration keeps one controller per temperature across all its prompts, as a server
+    keeps its policy: what it learns (acceptance priors, online cost corrections) carries over."""
+    from .scheduler import scheduler_of
+
+    scheduler = scheduler_of(llm) if configs != ["vllm-off"] else None
+    _activate(scheduler, configs[0], _controller(configs[0]))
+    _run(llm, [prompt_ids[0][:16]], [0.0], 0.0, 4, 0)  # warm-up
+    rows = []
+    for temperature in temperatures:
+        controllers = {c: _controller(c, _profile_path(args)) for c in configs}
+        results = {c: [] for c in configs}
+        if args.rate <= 0:  # batch 1: interleaved prompt by prompt
+            for index, ids in enumerate(prompt_ids):
+                for config in configs:
+                    _activate(scheduler, config, controllers[config])
+                    results[config] += _run(llm, [ids], [0.0], temperature, args.max_new_tokens, args.seed + index)
+                print(f"[t={temperature} prompt {index + 1}/{len(prompt_ids)} done]", file=sys.stderr)
+        else:
+            requests = [prompt_ids[i % len(prompt_ids)] for i in range(len(trace))]
+            for config in configs:
+                _activate(scheduler, config, controllers[config])
+                results[config] = _run(llm, requests, trace, temperature, args.max_new_tokens, args.seed)
+                print(f"[{config} t={temperature} trace done]", file=sys.stderr)
+        for config in configs:
+            rows.append(_summary(config, temperature, results[config], controllers[config], args.rate))
+    return rows
+
+
+def _run(llm, prompts, arrivals, temperature, max_tokens, seed) -> list[RequestTiming]:
+    """Feed requests at their arrival offsets through vLLM's engine loop; time-stamp every token."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = [SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed + i)
+              for i in range(len(prompts))]
+    timings: dict[str, RequestTiming] = {}
+    seen: dict[str, int] = {}
+    pending = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    start = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while pending and arrivals[pending[0]] <= now:
+            i = pending.pop(0)
+            request_id = f"bench-{time.monotonic_ns()}-{i}"
+            engine.add_request(request_id, {"prompt_token_ids": prompts[i]}, params[i])
+            timings[request_id] = RequestTiming(start + arrivals[i])
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, min(arrivals[pending[0]] - now, 0.05)))
+            continue
+        outputs = engine.step()
+        stamp = time.perf_counter()
+        for output in outputs:
+            count = len(output.outputs[0].token_ids)
+            new = count - seen.get(output.request_id, 0)
+            if new > 0:
+                seen[output.request_id] = count
+                timing = timings[output.request_id]
+                timing.token_times += [stamp] * new
+                timing.event_times.append(stamp)
+    return list(timings.values())
+
+
+def _controller(config: str, profile: str | None = None) -> SpecController | None:
+    if config == "vllm-off":
+        return None
+    if config.startswith("vllm-"):
+        return SpecController(make_policy("off"))  # vLLM chooses; this one only counts acceptance
+    cost_model = CostModel.from_profile(load_profile(profile)) if profile else CostModel.default()
+    return SpecController(make_policy(config, cost_model), cost_model)
+
+
+def _activate(scheduler, config: str, controller: SpecController | None) -> None:
+    if scheduler is None:
+        return
+    scheduler.use_controller(controller)
+    if config.startswith("vllm-"):
+        scheduler.use_vllm_schedule(VLLM_TABLE if config == "vllm-table" else [(1, 1024, _static_k(config))])
+
+
+# --- numbers ------------------------------------------------------------------------------------
+def _summary(config, temperature, timings, controller, rate) -> dict:
+    tokens = sum(len(t.token_times) for t in timings)
+    if rate > 0:
+        seconds = max(t.token_times[-1] for t in timings if t.token_times) - min(t.arrival for t in timings)
+    else:  # batch 1: the sum of the requests' own times
+        seconds = sum(t.token_times[-1] - t.arrival for t in timings if t.token_times)
+    ttft = [t.token_times[0] - t.arrival for t in timings if t.token_times]
+    tpot = [(t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) for t in timings if len(t.token_times) > 1]
+    itl = [b - a for t in timings for a, b in zip(t.event_times, t.event_times[1:])]
+    stats = controller.stats if controller is not None else None
+    drafted, accepted = (stats.drafted, stats.accepted) if stats else (0, 0)
+    steps = sum(stats.verified_histogram.values()) if stats else 0
+    row = {"config": config, "temperature": temperature, "regime": f"poisson@{rate}/s" if rate > 0 else "batch-1",
+           "requests": len(timings), "tokens": tokens, "seconds": round(seconds, 3),
+           "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None}
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
+        if values:
+            row[f"{name}_p50_ms"] = round(1000 * float(np.percentile(values, 50)), 1)
+            row[f"{name}_p99_ms"] = round(1000 * float(np.percentile(values, 99)), 1)
+    if drafted:
+        row["acceptance_rate"] = round(accepted / drafted, 4)
+    if steps:
+        row["mean_acceptance_length"] = round((accepted + steps) / steps, 4)
+    return row
+
+
+def _add_ratios(rows) -> None:
+    base = {r["temperature"]: r["tokens_per_s"] for r in rows if r["config"] == "vllm-off"}
+    for row in rows:
+        if base.get(row["temperature"]) and row["tokens_per_s"]:
+            row["ratio_to_vllm_off"] = round(row["tokens_per_s"] / base[row["temperature"]], 3)
+
+
+def _print_table(rows) -> None:
+    header = (f"{'temp':>5} {'config':<16} {'tokens':>7} {'tok/s':>8} {'x off':>6} {'TTFT50':>7} {'TPOT50':>7} "
+              f"{'TPOT99':>7} {'ITL50':>7} {'ITL99':>7} {'accept':>7}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        cells = [r.get(k) for k in ("ratio_to_vllm_off", "ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms",
+                                    "itl_p50_ms", "itl_p99_ms", "acceptance_rate")]
+        print(f"{r['temperature']:>5} {r['config']:<16} {r['tokens']:>7} {r['tokens_per_s'] or 0:>8.2f} "
+              + " ".join(f"{c:>{w}.2f}" if isinstance(c, (int, float)) else f"{'-':>{w}}"
+                         for c, w in zip(cells, (6, 7, 7, 7, 7, 7, 7))))
+
+
+def _profile_path(args) -> str | None:
+    """A vLLM profile file for our policies' cost model; 'auto' and 'none' mean learn online (the
+    committed profiles time this project's engine, not vLLM)."""
+    return None if args.profile in ("auto", "none") else args.profile
+
+
+def _static_k(config: str) -> int:
+    if config.startswith("vllm-static:"):
+        return int(config.split(":", 1)[1])
+    return max(k for _, _, k in VLLM_TABLE) if config == "vllm-table" else 0
+
+
+def _arrivals(rate: float, count: int, seed: int) -> list[float]:
+    if rate <= 0:
+        return [0.0] * count
+    rng, now, out = random.Random(seed), 0.0, []
+    for _ in range(count):
+        out.append(now)
+        now += rng.expovariate(rate)
+    return out
+
+
+def _tokenizer(target: str):
+    from transformers import AutoTokenizer
+
+    from ...assets import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(target, progress=False))
+
+
+def _machine() -> dict:
+    import os
+
+    import torch
+    import vllm
+
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "vllm": vllm.__version__}
+
+
+def _collect() -> None:
+    import gc
+
+    gc.collect()

@@ -1,0 +1,204 @@
+"""The controller as a vLLM step sees it: one policy, per-request acceptance history, step timing.
+
+This module owns the bookkeeping between a host that drafts at the end of a step and verifies at
+the next (vLLM) and the policy protocol of `control/`. It imports nothing from vLLM, so it is tested
+with numbers alone; `scheduler.py` feeds it from vLLM's scheduler.
+
+Timeline of one vLLM step N (engine core, synchronous scheduling):
+  schedule()              -> the controller chooses each request's k for the drafts proposed at the
+                             end of step N (`choose`); the step's draft length is max k;
+  execute_model()         -> the target verifies the drafts of step N-1, then the drafter proposes;
+  update_from_output()    -> the controller records what step N verified (`finish_step`);
+  update_draft_token_ids  -> each request's new drafts are cut to its chosen k (`draft_length`).
+So a choice made at step N sees every outcome up to step N-1 (the drafts of step N-1 are being
+verified while it is made): one step of lag, the price of drafting inside the forward pass.
+
+Timing: vLLM reports no split of a step, so the controller measures whole steps (schedule to
+update_from_output) and hands them to the policy through `control.step_timing.whole_step_record`,
+which attributes a whole step to the cost model's parts in the proportions the model predicts.
+Steps that prefill any prompt carry no timing (a prefill is not a decode step's cost).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ...control.cost_model import CostModel
+from ...control.policy import (AcceptanceHistory, Policy, PolicyError, RequestOutcome, RequestView, StepRecord,
+                               choose_ks)
+from ...control.registry import make_policy
+from ...control.step_timing import whole_step_record
+
+POLICY_ENV = "ADAPTIVE_SPEC_VLLM_POLICY"
+PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
+DEFAULT_POLICY = "goodput"
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Which policy and which latency profile the plug-in uses.
+
+    vLLM builds the scheduler from a class name, so a wrapper passes these through the environment:
+    `ADAPTIVE_SPEC_VLLM_POLICY` (a policy name as `make_policy` takes it; default goodput) and
+    `ADAPTIVE_SPEC_VLLM_PROFILE` (a profile JSON file; unset or 'none' = learn costs online).
+    """
+
+    policy: str = DEFAULT_POLICY
+    profile: str | None = None
+
+    @classmethod
+    def from_environment(cls, environ: dict | None = None) -> "ControllerSettings":
+        environ = os.environ if environ is None else environ
+        profile = environ.get(PROFILE_ENV) or None
+        return cls(environ.get(POLICY_ENV) or DEFAULT_POLICY, None if profile in (None, "none") else profile)
+
+    def environment(self) -> dict[str, str]:
+        """The variables that reproduce these settings in a vLLM process."""
+        return {POLICY_ENV: self.policy, PROFILE_ENV: self.profile or "none"}
+
+    def build(self) -> tuple[Policy, CostModel | None]:
+        """The policy and the cost model it reads (None for policies that read none).
+
+        A missing or corrupt profile raises `ProfileError` naming the file; a bad policy name
+        raises ValueError listing the known ones."""
+        built: list[CostModel] = []
+
+        def cost_model() -> CostModel:  # loaded only for a policy that reads costs
+            if self.profile is None:
+                model = CostModel.default()
+            else:
+                from ...profiling.profile_file import load_profile
+
+                model = CostModel.from_profile(load_profile(self.profile))
+            built.append(model)
+            return model
+
+        if self.profile is not None:  # fail at start-up, not at the first step that needs costs
+            from ...profiling.profile_file import load_profile
+
+            load_profile(self.profile)
+        policy = make_policy(self.policy, cost_model)
+        return policy, (built[0] if built else None)
+
+
+@dataclass(frozen=True)
+class RunningRequest:
+    """What the host knows of one request when the controller chooses its next k."""
+
+    request_id: str
+    context_length: int  # tokens the request will hold when these drafts are verified
+    remaining_tokens: int  # tokens it may still emit after the step in flight
+    cap: int  # the most drafts the host can verify for it (configured length, budget, model length)
+
+
+@dataclass(frozen=True)
+class VerifiedRequest:
+    """What one request's step did, as the host saw it after the step."""
+
+    request_id: str
+    drafted: int  # drafts verified
+    accepted: int
+    emitted: int
+    context_length: int
+
+
+@dataclass
+class ControllerStats:
+    """What the controller saw, for tests and reports: evidence that k really varied."""
+
+    steps: int = 0
+    ragged_steps: int = 0  # steps whose verified drafts differed between requests
+    zero_k_choices: int = 0  # request-steps the policy gave k = 0 while the request could draft
+    policy_failures: int = 0
+    k_histogram: Counter = field(default_factory=Counter)  # chosen k per request-step
+    verified_histogram: Counter = field(default_factory=Counter)  # drafts verified per request-step
+    drafted: int = 0
+    accepted: int = 0
+
+
+class SpecController:
+    """Asks one policy for each request's k and tells it what each step did.
+
+    `choose` never raises for a policy's fault: a `PolicyError` makes that step run without
+    speculation (every k = 0) and warns once; requests are untouched, so outputs stay exact.
+    """
+
+    def __init__(self, policy: Policy, cost_model: CostModel | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.policy = policy
+        self.cost_model = cost_model
+        self.clock = clock
+        self.stats = ControllerStats()
+        self._histories: dict[str, AcceptanceHistory] = {}
+        self._chosen: dict[str, int] = {}
+        self._step_started: float | None = None
+        self._warned = False
+
+    # --- before a step -------------------------------------------------------------------------
+    def start_step(self) -> None:
+        self._step_started = self.clock()
+
+    def choose(self, requests: Sequence[RunningRequest]) -> dict[str, int]:
+        """k per request id for the drafts proposed in this step (0 where the policy fails)."""
+        views = [RequestView(r.request_id, r.context_length, max(r.remaining_tokens, 0), max(r.cap, 0),
+                             self._histories.setdefault(r.request_id, AcceptanceHistory())) for r in requests]
+        try:
+            ks = choose_ks(self.policy, views)
+        except PolicyError as error:
+            self._fail(error)
+            ks = [0] * len(views)
+        self._chosen = {view.request_id: k for view, k in zip(views, ks)}
+        self.stats.k_histogram.update(ks)
+        self.stats.zero_k_choices += sum(1 for view, k in zip(views, ks) if k == 0 and view.max_k > 0)
+        return dict(self._chosen)
+
+    def draft_length(self, request_id: str) -> int:
+        """How many of a request's new drafts to keep (0 for a request the controller was not asked about)."""
+        return self._chosen.get(request_id, 0)
+
+    # --- after a step --------------------------------------------------------------------------
+    def finish_step(self, verified: Sequence[VerifiedRequest], timed: bool = True, observe: bool = True) -> StepRecord | None:
+        """Record each request's outcome and tell the policy (unless `observe` is False: another scheduler
+        chose this step's k); `timed` = the step was a pure decode step, so its wall time is a step cost."""
+        started, self._step_started = self._step_started, None
+        if not verified:
+            return None
+        total = self.clock() - started if (timed and started is not None) else 0.0
+        outcomes = []
+        for request in verified:
+            history = self._histories.setdefault(request.request_id, AcceptanceHistory())
+            history.record(request.drafted, request.accepted)
+            outcomes.append(RequestOutcome(request.request_id, request.drafted, request.accepted, request.emitted))
+        record = whole_step_record(
+            self.cost_model, batch_size=len(verified), batch_k=max(r.drafted for r in verified),
+            context_lengths=tuple(r.context_length for r in verified), outcomes=tuple(outcomes), total_seconds=total)
+        self.stats.steps += 1
+        self.stats.ragged_steps += len({r.drafted for r in verified}) > 1
+        self.stats.verified_histogram.update(r.drafted for r in verified)
+        self.stats.drafted += sum(r.drafted for r in verified)
+        self.stats.accepted += sum(r.accepted for r in verified)
+        if not observe:
+            return record
+        try:
+            self.policy.observe(record)
+        except Exception as error:  # a policy is an optimisation: it must never take vLLM's engine down
+            self._fail(PolicyError(f"policy {self.policy.name!r} raised {type(error).__name__} in observe: {error}"))
+        return record
+
+    def _fail(self, error: PolicyError) -> None:
+        self.stats.policy_failures += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"{error}; steps where it fails run without speculation (outputs stay exact)",
+                          RuntimeWarning, stacklevel=3)
+
+    def forget(self, live_request_ids) -> None:
+        """Drop the histories of requests that left."""
+        live = set(live_request_ids)
+        for request_id in [r for r in self._histories if r not in live]:
+            del self._histories[request_id]

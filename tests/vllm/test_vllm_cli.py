@@ -1,0 +1,70 @@
+"""`adaptive-spec serve --engine vllm` (its command line) and `adaptive-spec bench --engine vllm` (a tiny run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from adaptive_spec.cli import main
+from vllm_cases import SMALL_MODEL, require_vllm
+
+
+def test_serve_dry_run_prints_the_equivalent_vllm_serve_command(capsys):
+    assert main(["serve", "--dry-run", "--target", SMALL_MODEL, "--draft", "ngram", "--policy", "heuristic",
+                 "--max-k", "4", "--", "--api-key", "secret"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "ADAPTIVE_SPEC_VLLM_POLICY=heuristic" in line and "ADAPTIVE_SPEC_VLLM_PROFILE=none" in line
+    assert "vllm serve " in line and "--scheduler-cls adaptive_spec.integrations.vllm.AdaptiveScheduler" in line
+    assert '"num_speculative_tokens": 4' in line and line.endswith("--api-key secret")
+
+
+def test_serve_refuses_a_bad_policy_before_starting_vllm(capsys):
+    assert main(["serve", "--target", SMALL_MODEL, "--draft", "ngram", "--policy", "fastest"]) == 2
+    assert "unknown policy 'fastest'" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+@pytest.mark.real_models
+def test_bench_runs_vllm_off_vllms_own_schedule_and_a_policy_side_by_side():
+    require_vllm()
+    command = [sys.executable, "-m", "adaptive_spec", "bench", "--engine", "vllm", "--target", SMALL_MODEL,
+               "--draft", "ngram", "--prompt", "Count from one to twenty: one, two, three,",
+               "--prompt", "Tell me about the sea.", "--max-new-tokens", "12", "--temperatures", "0",
+               "--policies", "vllm-off,vllm-static:2,vllm-table,goodput", "--threads", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "NUMBA_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout.strip().splitlines()[-1])
+    rows = {row["config"]: row for row in document["runs"]}
+    assert set(rows) == {"vllm-off", "vllm-static:2", "vllm-table", "goodput"}
+    assert all(row["tokens"] > 0 and row["requests"] == 2 for row in rows.values())
+    assert "acceptance_rate" not in rows["vllm-off"] and rows["vllm-static:2"]["acceptance_rate"] > 0
+    assert rows["goodput"]["ratio_to_vllm_off"] > 0 and "tpot_p50_ms" in rows["goodput"]
+
+
+@pytest.mark.vllm
+@pytest.mark.real_models
+def test_profile_times_whole_vllm_steps_into_a_profile_the_cost_model_reads(tmp_path):
+    require_vllm()
+    from adaptive_spec.control.cost_model import CostModel
+    from adaptive_spec.profiling.profile_file import load_profile
+
+    out = tmp_path / "vllm.json"
+    command = [sys.executable, "-m", "adaptive_spec", "profile", "--engine", "vllm", "--target", SMALL_MODEL,
+               "--draft", "ngram", "--batch-sizes", "1,2", "--contexts", "64", "--query-tokens", "1,3",
+               "--warmup", "1", "--repeats", "3", "--threads", "1", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "NUMBA_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    profile = load_profile(out)
+    assert profile["fingerprint"]["engine"] == "vllm" and profile["settings"]["whole_steps"]
+    cells = {(row["batch"], row["query_tokens"]) for row in profile["target"]}
+    assert cells == {(1, 1), (1, 3), (2, 1), (2, 3)}
+    assert all(len(row["samples"]) == 3 for row in profile["target"])
+    model = CostModel.from_profile(profile)
+    measured = {(row["batch"], row["query_tokens"]): row["median"] for row in profile["target"]}
+    assert model.step_seconds(1, 64, 2) == pytest.approx(measured[(1, 3)], rel=0.05)

@@ -1,0 +1,117 @@
+"""The vLLM plug-in's bookkeeping without vLLM: policy failures, step records, settings."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from adaptive_spec.control.cost_model import CostModel
+from adaptive_spec.control.policy import StaticPolicy
+from adaptive_spec.control.step_timing import whole_step_record
+from adaptive_spec.integrations.vllm.controller import (POLICY_ENV, PROFILE_ENV, ControllerSettings, RunningRequest,
+                                                         SpecController, VerifiedRequest)
+from adaptive_spec.profiling.profile_file import ProfileError
+
+
+class RaisingPolicy:
+    name = "raising"
+
+    def choose(self, views):
+        raise ZeroDivisionError("boom")
+
+    def observe(self, record):
+        raise RuntimeError("observe boom")
+
+
+class RecordingPolicy(StaticPolicy):
+    def __post_init__(self):
+        super().__post_init__()
+        self.records = []
+
+    def observe(self, record):
+        self.records.append(record)
+
+
+def running(*caps):
+    return [RunningRequest(f"r{i}", 100 + i, 50, cap) for i, cap in enumerate(caps)]
+
+
+def test_a_failing_policy_gives_zero_drafts_and_warns_once():
+    controller = SpecController(RaisingPolicy())
+    with pytest.warns(RuntimeWarning, match="raising.*without speculation") as caught:
+        for _ in range(3):
+            assert controller.choose(running(4, 4)) == {"r0": 0, "r1": 0}
+            controller.finish_step([VerifiedRequest("r0", 0, 0, 1, 101)])  # observe raises too: swallowed
+    assert len(caught) == 1
+    assert controller.stats.policy_failures == 6
+    assert controller.draft_length("r0") == 0
+
+
+def test_choices_are_clamped_to_each_requests_cap_and_unknown_requests_keep_no_drafts():
+    controller = SpecController(StaticPolicy(5))
+    assert controller.choose(running(5, 2, 0)) == {"r0": 5, "r1": 2, "r2": 0}
+    assert controller.draft_length("r1") == 2
+    assert controller.draft_length("never-seen") == 0
+
+
+def test_finish_step_records_history_ragged_steps_and_tells_the_policy():
+    ticks = iter([10.0, 10.5])
+    policy = RecordingPolicy(3)
+    controller = SpecController(policy, clock=lambda: next(ticks))
+    controller.start_step()
+    record = controller.finish_step([VerifiedRequest("a", 3, 2, 3, 120), VerifiedRequest("b", 1, 0, 1, 80)])
+    assert policy.records == [record]
+    assert record.batch_k == 3 and record.total_seconds == pytest.approx(0.5)
+    assert controller.stats.ragged_steps == 1 and controller.stats.accepted == 2
+    assert controller._histories["a"].accepted_per_step == [2]
+    controller.forget(["b"])
+    assert set(controller._histories) == {"b"}
+
+
+def test_untimed_steps_teach_the_cost_model_nothing():
+    controller = SpecController(RecordingPolicy(1))
+    controller.start_step()
+    record = controller.finish_step([VerifiedRequest("a", 1, 1, 2, 50)], timed=False)
+    assert record.total_seconds == record.draft_seconds == record.verify_seconds == 0.0
+
+
+def test_a_whole_step_is_split_in_the_cost_models_proportions():
+    model = CostModel.default()
+    record = whole_step_record(model, batch_size=2, batch_k=3, context_lengths=(100, 300), outcomes=(),
+                               total_seconds=1.0)
+    predicted = (model.draft_seconds(2, 300, 3), model.target_seconds(2, 300, 4), model.overhead_seconds(2, 3))
+    assert record.draft_seconds / record.verify_seconds == pytest.approx(predicted[0] / predicted[1])
+    assert record.total_seconds - record.draft_seconds - record.verify_seconds == pytest.approx(
+        predicted[2] / sum(predicted))
+    before = model.step_seconds(2, 300, 3)
+    for _ in range(6):
+        model.observe(record)
+    assert before != pytest.approx(1.0) and model.step_seconds(2, 300, 3) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_settings_come_from_the_environment():
+    settings = ControllerSettings.from_environment({POLICY_ENV: "static:2", PROFILE_ENV: "none"})
+    assert settings == ControllerSettings("static:2", None)
+    assert ControllerSettings.from_environment({}) == ControllerSettings("goodput", None)
+    assert ControllerSettings.from_environment(settings.environment()) == settings
+
+
+def test_a_missing_profile_is_a_clear_error(tmp_path):
+    with pytest.raises(ProfileError, match="does not exist"):
+        ControllerSettings("goodput", str(tmp_path / "missing.json")).build()
+
+
+def test_an_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown policy 'fastest'.*known"):
+        ControllerSettings("fastest").build()
+
+
+def test_goodput_without_a_profile_learns_costs_online():
+    policy, cost_model = ControllerSettings("goodput").build()
+    assert policy.name == "goodput" and cost_model is not None and cost_model.is_default
+    policy, cost_model = ControllerSettings("static:3").build()
+    assert cost_model is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SpecController(policy).choose(running(4))
