@@ -76,7 +76,10 @@ def run_vllm_bench(args, prompts) -> int:
         base = EngineSpec(base.target, None if args.draft == "none" else args.draft)
     speculative = [c for c in configs if c != "vllm-off"]
     max_k = args.max_k or max([_static_k(c) for c in speculative] + [4, 5 if "goodput" in configs else 0])
-    common = dict(dtype=args.dtype, max_num_seqs=args.max_num_seqs, threads=args.threads, seed=args.seed)
+    # No prefix caching: configurations run the same prompts in turn, and a later one must not find
+    # its prompts already cached by an earlier one (that favoured later configurations' TTFT).
+    common = dict(dtype=args.dtype, max_num_seqs=args.max_num_seqs, threads=args.threads, seed=args.seed,
+                  prefix_caching=False)
     tokenizer = _tokenizer(base.target)
     prompt_ids = [encode_prompt(tokenizer, p, chat=not args.no_chat) for p in prompts]
     trace = _arrivals(args.rate, args.num_requests or len(prompt_ids), args.seed)
