@@ -115,3 +115,22 @@ def test_goodput_without_a_profile_learns_costs_online():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SpecController(policy).choose(running(4))
+
+
+def test_a_reused_vllm_request_id_reaches_the_policy_under_a_fresh_key():
+    """vLLM may reuse an id once its request left; the policy must not see the newcomer as the old one."""
+    seen = []
+
+    class Recorder(StaticPolicy):
+        def choose(self, views):
+            seen.append([view.request_id for view in views])
+            return super().choose(views)
+
+    controller = SpecController(Recorder(2))
+    request = [RunningRequest("a", 10, 20, 5)]
+    controller.choose(request)
+    controller.choose(request)
+    controller.forget([])  # "a" finished
+    controller.choose(request)  # a new request under the same id
+    assert seen[0] == seen[1] and seen[2] != seen[0]
+    assert controller.draft_length("a") == 2  # the plug-in still speaks vLLM's ids

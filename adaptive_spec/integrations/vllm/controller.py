@@ -21,6 +21,7 @@ Steps that prefill any prompt carry no timing (a prefill is not a decode step's 
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import warnings
@@ -135,6 +136,10 @@ class SpecController:
         self.clock = clock
         self.stats = ControllerStats()
         self._histories: dict[str, AcceptanceHistory] = {}
+        # What the policy knows a request by: unique per admission, since vLLM may reuse an id
+        # once its request has left, and a policy must not hand the newcomer the old one's state.
+        self._keys: dict[str, str] = {}
+        self._admissions = itertools.count()
         self._chosen: dict[str, int] = {}
         self._step_started: float | None = None
         self._warned = False
@@ -145,14 +150,14 @@ class SpecController:
 
     def choose(self, requests: Sequence[RunningRequest]) -> dict[str, int]:
         """k per request id for the drafts proposed in this step (0 where the policy fails)."""
-        views = [RequestView(r.request_id, r.context_length, max(r.remaining_tokens, 0), max(r.cap, 0),
+        views = [RequestView(self._key(r.request_id), r.context_length, max(r.remaining_tokens, 0), max(r.cap, 0),
                              self._histories.setdefault(r.request_id, AcceptanceHistory())) for r in requests]
         try:
             ks = choose_ks(self.policy, views)
         except PolicyError as error:
             self._fail(error)
             ks = [0] * len(views)
-        self._chosen = {view.request_id: k for view, k in zip(views, ks)}
+        self._chosen = {request.request_id: k for request, k in zip(requests, ks)}
         self.stats.k_histogram.update(ks)
         self.stats.zero_k_choices += sum(1 for view, k in zip(views, ks) if k == 0 and view.max_k > 0)
         return dict(self._chosen)
@@ -173,7 +178,8 @@ class SpecController:
         for request in verified:
             history = self._histories.setdefault(request.request_id, AcceptanceHistory())
             history.record(request.drafted, request.accepted)
-            outcomes.append(RequestOutcome(request.request_id, request.drafted, request.accepted, request.emitted))
+            outcomes.append(RequestOutcome(self._key(request.request_id), request.drafted, request.accepted,
+                                           request.emitted))
         record = whole_step_record(
             self.cost_model, batch_size=len(verified), batch_k=max(r.drafted for r in verified),
             context_lengths=tuple(r.context_length for r in verified), outcomes=tuple(outcomes), total_seconds=total)
@@ -198,7 +204,14 @@ class SpecController:
                           RuntimeWarning, stacklevel=3)
 
     def forget(self, live_request_ids) -> None:
-        """Drop the histories of requests that left."""
+        """Drop the histories and policy keys of requests that left."""
         live = set(live_request_ids)
         for request_id in [r for r in self._histories if r not in live]:
             del self._histories[request_id]
+        for request_id in [r for r in self._keys if r not in live]:
+            del self._keys[request_id]
+
+    def _key(self, request_id: str) -> str:
+        if request_id not in self._keys:
+            self._keys[request_id] = f"{request_id}#{next(self._admissions)}"
+        return self._keys[request_id]
