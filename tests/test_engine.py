@@ -318,3 +318,41 @@ def test_adaptive_policies_keep_greedy_exact(greedy_pair, policy):
     expected = [plain_greedy(target, p, 24) for p in PROMPTS]
     results = SpecEngine(target, draft, policy=policy).generate(PROMPTS, GREEDY)
     assert [r.token_ids for r in results] == expected
+
+
+def test_keep_last_ends_a_row_without_running_another_draft_forward(small_pair):
+    """A stop rule answering KEEP_LAST at position 1 keeps 2 drafts and runs no third draft
+    forward (draft_positions == 2, although k = 6 was chosen); False at position 0 drafts nothing
+    and the loop ends after 1 forward. Outputs stay plain greedy."""
+    from adaptive_spec.control import KEEP_LAST, PolicyBase
+
+    target, draft = small_pair
+
+    class KeepTwo(PolicyBase):
+        name = "keep-two"
+
+        def __init__(self, answer_at_0):
+            self.answer_at_0, self.records = answer_at_0, []
+
+        def choose(self, requests):
+            return [6] * len(requests)
+
+        def keep_drafting(self, position, confidences):
+            answer = self.answer_at_0 if position == 0 else KEEP_LAST
+            return [answer if c is not None else False for c in confidences]
+
+        def observe(self, record):
+            self.records.append(record)
+
+    prompt = [1, 2, 3, 4]
+    for answer, kept, positions in ((True, 2, 2), (False, 0, 1)):
+        policy = KeepTwo(answer)
+        engine = SpecEngine(target, draft, policy=policy)
+        result = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=12))[0]
+        assert result.token_ids == plain_greedy(target, prompt, 12)
+        speculative = [r for r in policy.records if r.draft_positions]
+        # Near the budget's end the cap (remaining - 1) is below 6 and ends the draft sooner.
+        assert all(r.draft_positions <= positions and r.batch_k <= kept for r in speculative)
+        full = [r for r in speculative if r.draft_positions == positions]
+        assert len(full) >= len(speculative) - 2 >= 1
+        assert all(r.batch_k == kept and r.outcomes[0].k == kept for r in full)

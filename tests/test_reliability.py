@@ -198,7 +198,7 @@ def test_a_drafter_fault_mid_run_switches_speculation_off_and_keeps_every_reques
         assert result.stats.drafted > 0  # it did speculate before the fault
 
 
-@pytest.mark.parametrize("where", ["choose", "observe"])
+@pytest.mark.parametrize("where", ["choose", "keep_drafting", "observe"])
 def test_a_policy_fault_switches_speculation_off_and_keeps_outputs_exact(pair, where):
     target, draft = pair
 
@@ -212,6 +212,11 @@ def test_a_policy_fault_switches_speculation_off_and_keeps_outputs_exact(pair, w
             if where == "choose" and self.steps == 2:
                 raise RuntimeError("injected policy fault")
             return [3] * len(requests)
+
+        def keep_drafting(self, position, confidences):
+            if where == "keep_drafting" and self.steps == 2 and position == 1:
+                raise RuntimeError("injected policy fault")
+            return [c is not None for c in confidences]
 
         def observe(self, record):
             self.steps += 1

@@ -39,7 +39,7 @@ class AcceptancePrior:
 
     max_positions: int = 16
     initial_rate: float = 0.6
-    decay: float = 0.999
+    decay: float = 0.98  # per update: the last ~50 outcomes, so a past regime fades
     pseudo_trials: float = 2.0  # weight of `initial_rate` before any data
     successes: list[float] = field(default_factory=list)
     trials: list[float] = field(default_factory=list)
@@ -56,6 +56,25 @@ class AcceptancePrior:
         for j in range(min(k, accepted + 1, self.max_positions)):
             self.successes[j] = self.successes[j] * self.decay + (1.0 if j < accepted else 0.0)
             self.trials[j] = self.trials[j] * self.decay + 1.0
+
+    def state(self) -> dict:
+        return {"successes": list(self.successes), "trials": list(self.trials)}
+
+    def load_state(self, state: dict, max_trials: float = 20.0) -> None:
+        """Start from saved counts, scaled down to at most `max_trials` per position so that this
+        process's own outcomes soon outweigh them."""
+        try:
+            successes = [float(x) for x in state["successes"]]
+            trials = [float(x) for x in state["trials"]]
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"acceptance prior state lacks or mangles a field: {error}") from None
+        if not trials or len(successes) != len(trials) or not all(0 <= s <= t for s, t in zip(successes, trials)):
+            raise ValueError("acceptance prior state needs 0 <= successes <= trials, one pair per position")
+        for j in range(self.max_positions):
+            s, t = successes[min(j, len(trials) - 1)], trials[min(j, len(trials) - 1)]
+            scale = min(1.0, max_trials / t) if t > 0 else 0.0
+            if t > 0:
+                self.successes[j], self.trials[j] = s * scale, t * scale
 
 
 @dataclass
@@ -93,6 +112,10 @@ class AcceptanceEstimator:
             mean, n = self._posterior(j, prior)
             out.append(min(1.0, mean + z * math.sqrt(mean * (1 - mean) / (n + 1))))
         return out
+
+    def forget(self) -> None:
+        """Drop this request's own evidence (back to the prior): its drafter's regime changed."""
+        self.successes, self.trials = [], []
 
     def evidence(self) -> float:
         """Effective trials at the first position (decays while the request does not draft)."""

@@ -63,6 +63,12 @@ time is divided by the profile's prediction, giving a ratio r. Two robust, bound
   so a shape error the profile made (say a knee it missed) is remembered while later drift moves
   with G.
 
+The draft component is keyed by the positions the draft loop evaluated (`StepRecord.draft_positions`:
+a draft stopped inside the step still ran the forward that showed its confidence). A step whose
+draft cache caught up on more than 2 tokens (after steps without speculation) does not feed the
+draft correction: its extra time is a prefill-like cost of its own, kept as a per-token median
+(`draft_catchup_seconds`), so a probe after a long pause cannot make draft tokens look expensive.
+
 A cell therefore converges after ``min_cell_obs`` of its own observations, every other cell after
 ``window // 2 + 1`` observations of the component. With no profile at all, ``CostModel.default()``
 starts from a conservative generic shape (verify cost growing with every token, a draft token
@@ -87,6 +93,9 @@ _RATIO_CLIP = (1e-3, 1e4)
 # Without overhead or draft measurements in a profile, these stand in (seconds).
 _DEFAULT_REST = 1e-3
 _DEFAULT_DRAFT_TOKEN = 1e-4
+# A draft cache misses 1 token after a step, 2 after a fully accepted one; more means steps
+# without speculation came before (see `CostModel.observe`).
+_USUAL_CATCHUP = 2
 
 
 # ----------------------------------------------------------------------------- result types
@@ -679,9 +688,15 @@ class CostModel:
         c = float(max(record.context_lengths))
         draft, verify, total = float(record.draft_seconds), float(record.verify_seconds), float(record.total_seconds)
         key = (b, k)
+        positions = int(getattr(record, "draft_positions", 0) or k)  # a stopped draft still ran its forwards
+        catchup = int(getattr(record, "draft_catchup_tokens", 0) or 0)
         if k > 0 and draft > 0:
-            base = self._lookup(self._draft, b, c, k)
-            self._dc.update(key, draft / max(base, _BASE_FLOOR))
+            base = self._lookup(self._draft, b, c, positions)
+            if catchup > _USUAL_CATCHUP:  # a long catch-up is its own cost, not the draft tokens'
+                expected = base * self._dc.factor((b, positions))
+                self._catchup.append(max(draft - expected, 0.0) / (catchup - self.catchup_tokens))
+            else:
+                self._dc.update((b, positions), draft / max(base, _BASE_FLOOR))
         if verify > 0:
             base = self._lookup(self._target, b, c, k + 1)
             self._tc.update(key, verify / max(base, _BASE_FLOOR))
@@ -690,8 +705,16 @@ class CostModel:
             self._oc.update(key, max(rest, _BASE_FLOOR) / max(self._rest_base(b, k), _BASE_FLOOR))
         self.observations += 1
 
+    def draft_catchup_seconds(self, tokens: int) -> float | None:
+        """Extra draft time of a catch-up of `tokens` context tokens (after steps without
+        speculation) over the usual 1-2, from the catch-ups timed online; None before any."""
+        if not self._catchup:
+            return None
+        return _median(self._catchup) * max(tokens - self.catchup_tokens, 0.0)
+
     def reset_corrections(self) -> None:
         """Forget everything learned online (back to the profile)."""
+        self._catchup: deque[float] = deque(maxlen=self._windows[0])  # seconds per catch-up token
         window, cell_window, min_cell_obs = self._windows
         self._tc = _Correction(window, cell_window, min_cell_obs)
         self._dc = _Correction(window, cell_window, min_cell_obs)

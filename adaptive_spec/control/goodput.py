@@ -1,33 +1,60 @@
-"""The goodput policy: choose k per request and step to maximise expected emitted tokens per second.
+"""The goodput policy: per request and step, the k that maximises expected emitted tokens per second.
 
-For a batch of B requests with context c, and each candidate batch draft length K = 0..K_max:
+Two decisions per step, both maximising the step's expected goodput
 
-    goodput(K) = sum_i E_i[emitted | k_i = min(K, cap_i)] / step_seconds(B, c, K)
+    goodput(K) = sum_i E_i[emitted | min(K, k_i)] / step_seconds(B, c, K)
 
-where E_i comes from request i's acceptance estimator (`acceptance.py`) and step_seconds from the
-cost model (a measured profile, corrected online from the engine's own step timings). The engine
-drafts K tokens for the whole batch and verifies K + 1 per row in one dense forward, so a step's
-cost depends on K, not on how the rows share it; a row that drafts fewer than K saves nothing, and
-every row gets min(K, its cap). Requests still choose jointly: poorly accepted requests pull K
-down, well accepted ones pull it up, and K = 0 (speculation off) wins whenever nothing pays.
+over the batch's draft length K (the engine drafts and verifies K columns for the whole batch, so a
+step's cost follows K; `cost_model` gives step_seconds from a measured profile, corrected online).
 
-K = 0 is never absorbing. A request's evidence ages while it does not draft, and the choice uses
-optimistic rates (posterior mean + z standard deviations), so thin or stale evidence gets a chance.
-On top, a request that has not drafted for `probe_interval` steps gets a one-token probe; the
-interval doubles after each probe that did not switch drafting back on (up to `max_probe_interval`),
-bounding the cost of probing a drafter that never pays.
+1. Before drafting (`choose`): whether to draft at all, and how far. E_i uses request i's acceptance estimator
+   (`acceptance.py`: per-position rates learned from its outcomes, optimistic by `exploration_z`
+   posterior deviations). K = 0, speculation off, wins whenever nothing pays; otherwise every row
+   may draft up to `max_k` (its cap), and decision 2 ends the draft. A host that cannot stop a
+   draft inside the step (`host_stops_drafts` False, e.g. the vLLM plug-in) gets the best K.
+2. Inside the step (`keep_drafting`, called at each draft position with each drafting row's draft
+   confidence): one more draft or stop. A row's chance that every draft so far survives is the
+   product of its calibrated acceptance probabilities (`calibration.py`: a logistic fit of the
+   draft's confidence, shared by the drafter's requests, with a per-request offset); positions
+   not drafted yet use the estimator's rates. Every final length J from the current position to
+   the largest k is compared, not just the next one: on CPUs verify cost is not monotone in K (a
+   3-draft verify can be cheaper than a 2-draft one), and stopping at the first knee would miss the
+   cheaper length behind it. The forwards already run are part of every option's cost. Rows whose
+   survival falls below `min_row_survival` stop alone (a row of padding costs the draft nothing).
 
-Flapping guard: the batch's K changes only when the new best beats the current K's goodput by
-more than `hysteresis`.
+K = 0 is never absorbing:
+- evidence ages while a request does not draft (estimator decay), so its optimism grows back;
+- a request that has not drafted for `probe_interval` steps gets a probe of `probe_k` drafts
+  (0 = the length that costs least per informative token on the profiled machine: positions up to
+  the first rejection inform, those after it do not); the interval doubles after each probe that
+  did not bring drafting back, up to the interval at which probing a useless drafter costs
+  `probe_budget` (3%) of the time spent without speculation (never above `max_probe_interval`),
+  which bounds how long a drafter that has become good again waits;
+- a probe whose drafts were all accepted is read as a changed regime: the request's old evidence is
+  dropped, its interval reset, and it probes again on the next step, so drafting resumes at once
+  and goes on until the new evidence makes it pay by itself (or a probe fails);
+- the shared prior forgets at 0.98 per outcome, so a bad phase fades from it within ~50 outcomes.
+The draft cache's catch-up after steps without speculation is timed as its own cost in the cost
+model (not folded into the per-token draft cost), and not charged to the decision that resumes
+drafting: any future drafting pays it, and charging it to one step would make k = 0 stickier the
+longer it lasts.
+
+Warm start: `state()` / `load_state()` carry the prior and the calibration across processes (the
+CLI keeps them beside the profile).
+
+Flapping guard: the decision before drafting changes K only when the new best beats the current
+K's goodput by more than `hysteresis`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from .acceptance import AcceptanceEstimator, AcceptancePrior, expected_emitted
-from .policy import PolicyBase, RequestView, StepRecord
+from .calibration import ConfidenceCalibration, RequestOffset
+from .policy import KEEP_LAST, PolicyBase, RequestView, StepRecord
 
 
 class StepCost(Protocol):
@@ -46,6 +73,10 @@ class GoodputConfig:
     prior_rate: float = 0.6
     probe_interval: int = 8
     max_probe_interval: int = 128
+    probe_k: int = 0  # 0 = cheapest per informative token from the cost model
+    probe_budget: float = 0.03  # probes of a useless drafter cost at most this share of the time at k = 0
+    stop_inside_step: bool = True
+    min_row_survival: float = 0.05
 
     def __post_init__(self) -> None:
         checks = [
@@ -56,6 +87,9 @@ class GoodputConfig:
             (self.prior_strength > 0, "prior_strength must be > 0"),
             (0 < self.prior_rate < 1, "prior_rate must be in (0, 1)"),
             (1 <= self.probe_interval <= self.max_probe_interval, "need 1 <= probe_interval <= max_probe_interval"),
+            (self.probe_k >= 0, "probe_k must be >= 0 (0 = automatic)"),
+            (0 < self.probe_budget <= 1, "probe_budget must be in (0, 1]"),
+            (0 <= self.min_row_survival < 1, "min_row_survival must be in [0, 1)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -65,9 +99,26 @@ class GoodputConfig:
 @dataclass
 class _RequestState:
     estimator: AcceptanceEstimator
+    offset: RequestOffset
     steps_off: int = 0
     probe_interval: int = 8
     probing: bool = False
+    resume: bool = False  # its last probe was fully accepted: probe again on the next step
+
+
+@dataclass
+class _Row:
+    """One row of the step being drafted."""
+
+    state: _RequestState
+    limit: int  # most drafts this row may make
+    rates: list[float]  # estimator rates for positions not drafted yet
+    probe_k: int = 0  # > 0: a probe, which keeps this many drafts whatever the forecast
+    confidences: list[float] = field(default_factory=list)
+    survival: float = 1.0  # P(every kept draft accepted)
+    expected: float = 1.0  # E[emitted] with the kept drafts
+    drafting: bool = True
+    kept: bool | int = False  # the last answer about this row
 
 
 @dataclass
@@ -77,12 +128,21 @@ class GoodputPolicy(PolicyBase):
     name: str = "goodput"
 
     def __post_init__(self) -> None:
-        self.prior = AcceptancePrior(max_positions=max(self.config.max_k, 1), initial_rate=self.config.prior_rate)
+        positions = max(self.config.max_k, 1)
+        self.prior = AcceptancePrior(max_positions=positions, initial_rate=self.config.prior_rate)
+        self.calibration = ConfidenceCalibration(positions=positions)
         self._requests: dict[str, _RequestState] = {}
         self._batch_k = 0
+        self._step: list[_Row] = []  # the step being drafted, in the order `choose` saw it
+        self._step_ids: list[str] = []
+        self._costs: list[float] = []  # step_seconds per K for the step being drafted
+        self._batch: tuple[int, float] = (1, 0.0)  # its batch size and context
         self.last_goodput: list[float] = []  # goodput per K at the last choice, for inspection
+        self.rate_ema: float | None = None  # tokens/s of recent steps
 
+    # --- decision 1: draft at all? -----------------------------------------------------------
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
+        self._step, self._step_ids = [], []
         if not requests:
             return []
         states = self._states_for(requests)
@@ -90,7 +150,8 @@ class GoodputPolicy(PolicyBase):
         if k_max == 0:
             return [0] * len(requests)
         context = max(r.context_length for r in requests)
-        costs = self.cost_model.step_seconds_table(len(requests), context, k_max)
+        self._batch = (len(requests), context)
+        self._costs = costs = self.cost_model.step_seconds_table(len(requests), context, k_max)
         gains = [0.0] * (k_max + 1)
         for request, state in zip(requests, states):
             rates = state.estimator.optimistic_rates(k_max, self.config.exploration_z)
@@ -103,26 +164,125 @@ class GoodputPolicy(PolicyBase):
         if self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis):
             best = current
         self._batch_k = best
+        probes = self._probes(requests, states, costs)
         if best == 0:
-            return self._probes(requests, states)
-        for state in states:
-            state.probing = False
-        return [min(best, r.max_k) for r in requests]
+            ks = probes
+        else:
+            upper = k_max if self.config.stop_inside_step and self.host_stops_drafts else best
+            ks = [max(min(upper, r.max_k), probe) for r, probe in zip(requests, probes)]
+        self._step = [_Row(state, k, state.estimator.rates(max(k, 1)), probe_k=probe)
+                      for state, k, probe in zip(states, ks, probes)]
+        self._step_ids = [r.request_id for r in requests]
+        return ks
 
+    # --- decision 2: keep this draft, and draft on? -----------------------------------------
+    def keep_drafting(self, position: int, confidences: Sequence[float | None]) -> list[bool | int]:
+        rows = self._step
+        if len(rows) != len(confidences):  # not the step this policy chose: keep what is shown
+            return [c is not None for c in confidences]
+        shown = []
+        for row, confidence in zip(rows, confidences):
+            if confidence is None or not row.drafting:
+                row.drafting = False
+                continue
+            row.confidences.append(float(confidence))
+            p = self.calibration.predict(confidence, position, row.state.offset)
+            shown.append((row, row.survival * p))
+        if not shown:
+            return [False] * len(rows)
+        deciding = [(row, survival) for row, survival in shown if row.probe_k <= position]
+        verdict = self._best_ending(position, deciding) if deciding and self.config.stop_inside_step else True
+        for row, survival in shown:
+            if row.probe_k > position:  # a probe keeps its drafts whatever the forecast: that is how it learns
+                answer = True if position + 1 < row.probe_k else KEEP_LAST
+            elif survival < self.config.min_row_survival:
+                answer = False
+            else:
+                answer = verdict
+            row.kept, row.drafting = answer, answer is True
+            if answer:
+                row.survival, row.expected = survival, row.expected + survival
+        return [row.kept if confidence is not None else False for row, confidence in zip(rows, confidences)]
+
+    def _best_ending(self, position: int, shown: list[tuple[_Row, float]]) -> bool | int:
+        """Drop the draft at `position` (False), keep it and stop (KEEP_LAST), or draft on (True):
+        whichever ending J of the step (J = position, position + 1, or any longer) has the best
+        expected goodput. The forwards run so far are paid whatever J is."""
+        top = min(max(row.limit for row, _ in shown), len(self._costs) - 1)
+        fixed = sum(row.expected for row in self._step if not row.drafting) + sum(row.expected for row, _ in shown)
+        # added[e]: expected tokens the shown rows add by keeping e drafts from `position` on.
+        added = [0.0] * (max(top - position, 0) + 1)
+        for row, survival in shown:
+            total, survive = 0.0, survival
+            for e in range(1, len(added)):
+                j = position + e - 1  # the draft this adds
+                if j < row.limit:
+                    if j > position:
+                        survive *= row.rates[min(j, len(row.rates) - 1)]
+                    total += survive
+                added[e] += total
+        if self.rate_ema is not None:  # long-run rate: tokens minus what their time could earn elsewhere
+            value = [gain - self.rate_ema * self._step_cost(position, position + e) for e, gain in enumerate(added)]
+        else:
+            value = [(fixed + gain) / max(self._step_cost(position, position + e), 1e-12) for e, gain in enumerate(added)]
+        best = max(range(len(value)), key=value.__getitem__)
+        return False if best == 0 else KEEP_LAST if best == 1 else True
+
+    def _step_cost(self, position: int, final: int) -> float:
+        """The step's cost if it verifies `final` drafts, having run the draft forwards of
+        positions 0..position already (a dropped draft's forward is still paid)."""
+        cost = self._costs[final]
+        draft_seconds = getattr(self.cost_model, "draft_seconds", None)
+        if final <= position and draft_seconds is not None:
+            batch, context = self._batch
+            cost += draft_seconds(batch, context, position + 1) - draft_seconds(batch, context, final)
+        return cost
+
+    # --- learning ----------------------------------------------------------------------------
     def observe(self, record: StepRecord) -> None:
         self.cost_model.observe(record)
+        if record.total_seconds > 0 and record.outcomes:
+            rate = sum(o.emitted for o in record.outcomes) / record.total_seconds
+            self.rate_ema = rate if self.rate_ema is None else 0.9 * self.rate_ema + 0.1 * rate
+        step = dict(zip(self._step_ids, self._step))
         for outcome in record.outcomes:
             state = self._requests.get(outcome.request_id)
             if state is None:
                 continue
+            row = step.get(outcome.request_id)
+            probe_k = row.probe_k if row is not None else 0
+            if row is not None:
+                self._learn_calibration(row, outcome.k, outcome.accepted)
+            if outcome.k and probe_k and outcome.accepted >= min(probe_k, outcome.k):
+                state.estimator.forget()  # the drafter agrees again: the bad phase is over
+                state.resume = True
             state.estimator.update(outcome.k, outcome.accepted)
             if outcome.k:
                 self.prior.update(outcome.k, outcome.accepted)
                 state.steps_off = 0
-                if not state.probing:  # drafting by choice: probing can start over from the base interval
+                if not probe_k or outcome.accepted >= min(probe_k, outcome.k):
+                    # drafting by choice, or a good probe: probing starts over from the base interval
+                    state.probing = False
                     state.probe_interval = self.config.probe_interval
             else:
                 state.steps_off += 1
+        self._step, self._step_ids = [], []
+
+    def _learn_calibration(self, row: _Row, k: int, accepted: int) -> None:
+        """Positions up to the first rejection were tested; those after it were not."""
+        for position, confidence in enumerate(row.confidences[: min(k, accepted + 1)]):
+            self.calibration.update(confidence, position, position < accepted, row.state.offset)
+
+    # --- warm start --------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"prior": self.prior.state(), "calibration": self.calibration.state()}
+
+    def load_state(self, state: dict) -> None:
+        """Start from a saved prior and calibration (see `state`); raises ValueError if malformed."""
+        if not isinstance(state, dict) or "prior" not in state or "calibration" not in state:
+            raise ValueError("a goodput warm-start state needs 'prior' and 'calibration'")
+        self.prior.load_state(state["prior"])
+        self.calibration.load_state(state["calibration"])
 
     # --- helpers -----------------------------------------------------------------------------
     def _states_for(self, requests: Sequence[RequestView]) -> list[_RequestState]:
@@ -132,20 +292,47 @@ class GoodputPolicy(PolicyBase):
         for r in requests:
             self._requests[r.request_id] = known.get(r.request_id) or _RequestState(
                 AcceptanceEstimator(self.prior, self.config.request_decay, self.config.prior_strength),
-                probe_interval=self.config.probe_interval)
+                self.calibration.new_offset(), probe_interval=self.config.probe_interval)
         return [self._requests[r.request_id] for r in requests]
 
-    def _probes(self, requests: Sequence[RequestView], states: list[_RequestState]) -> list[int]:
-        """K = 0 was chosen: one-token probes for requests that have not drafted for a while."""
+    def _probes(self, requests: Sequence[RequestView], states: list[_RequestState], costs: list[float]) -> list[int]:
+        """Probe lengths (0 = none) for requests that have not drafted for a while, whether the
+        batch drafts or not (a drafting batch may still have dropped their drafts inside the step)."""
         ks = []
         for request, state in zip(requests, states):
-            due = state.steps_off >= state.probe_interval and request.max_k >= 1
+            # After a fully accepted probe the next probe is due at once: probes chain until the
+            # evidence they add makes drafting pay by itself.
+            due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
+            state.resume = False
+            k = min(self._probe_length(state, costs), request.max_k)
             if due:
                 if state.probing:  # the last probe did not bring drafting back: back off
-                    state.probe_interval = min(2 * state.probe_interval, self.config.max_probe_interval)
+                    state.probe_interval = min(2 * state.probe_interval, self._longest_interval(costs, k))
                 state.probing = True
-            ks.append(1 if due else 0)
+            ks.append(k if due else 0)
         return ks
+
+    def _longest_interval(self, costs: list[float], k: int) -> int:
+        """The back-off's ceiling: long enough that probing a useless drafter costs at most
+        `probe_budget` of the time spent without speculation, never above `max_probe_interval`."""
+        extra = max(costs[k] - costs[0], 0.0)
+        steps = math.ceil(extra / (self.config.probe_budget * max(costs[0], 1e-12)))
+        return max(self.config.probe_interval, min(steps, self.config.max_probe_interval))
+
+    def _probe_length(self, state: _RequestState, costs: list[float]) -> int:
+        """`probe_k`, or the k >= 1 with the least extra cost per informative draft: drafts up to
+        and including the first rejection tell whether the drafter agrees, the rest tell nothing."""
+        if self.config.probe_k:
+            return self.config.probe_k
+        rates = state.estimator.rates(len(costs) - 1)
+        best, best_price, informative, survive = 1, float("inf"), 0.0, 1.0
+        for k in range(1, len(costs)):
+            informative += survive  # position k is tried iff drafts 1..k-1 were accepted
+            survive *= max(rates[k - 1], 0.5)  # a probe is a bet on recovery: assume at least even odds
+            price = (costs[k] - costs[0]) / informative
+            if price < best_price:
+                best, best_price = k, price
+        return best
 
 
 def _expected_prefix(rates: list[float], k_max: int) -> list[float]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 
 @dataclass
@@ -85,6 +85,12 @@ class StepRecord:
     draft_seconds: float
     verify_seconds: float
     total_seconds: float
+    # The draft loop's forwards: positions it evaluated (a row stopped inside the step still cost
+    # the forward that showed its confidence) and the most context tokens a row fed before
+    # drafting (1-2 normally; more after steps without speculation). 0 = not reported (then the
+    # loop is taken to be batch_k positions after a usual catch-up).
+    draft_positions: int = 0
+    draft_catchup_tokens: int = 0
 
 
 @runtime_checkable
@@ -99,12 +105,26 @@ class Policy(Protocol):
 class PolicyBase:
     """Defaults for the optional parts of the protocol; our policies derive from it.
 
-    min_draft_confidence: when > 0, the engine stops a row's draft at the first position where the
-    draft model's top probability (softmax of its raw logits) is below it. A rule that looks at the
-    draft only, so exactness is untouched. Policies not derived from this class get 0.
+    Stopping inside the step: the k a policy chooses is each row's most. While the draft runs,
+    hosts that can (our engine, the simulator) call `keep_drafting(position, confidences)` at each
+    draft position with every drafting row's confidence there (the draft model's top probability,
+    softmax of its raw logits), after the forward that produced it and before the next one. The
+    answer per row: True keeps the draft and drafts on, KEEP_LAST keeps it and stops there (no
+    further forward for that row), False drops it and stops. A rule that looks at the draft only,
+    so exactness is untouched. The default rule keeps a draft while its confidence is at least
+    `min_draft_confidence` (0: always). Policies not derived from this class draft exactly their k.
     """
 
     min_draft_confidence: float = 0.0
+    # Set True by a host that calls keep_drafting while drafting (our engine and the simulator do),
+    # so a policy may ask for more drafts than it expects to keep.
+    host_stops_drafts: bool = False
+
+    def keep_drafting(self, position: int, confidences: Sequence[float | None]) -> list[bool | int]:
+        """confidences[i]: row i's confidence at draft `position` (0-based), None where row i is
+        not drafting there (its k is reached or it stopped). Answers: True, KEEP_LAST or False."""
+        floor = self.min_draft_confidence
+        return [c is not None and c >= floor for c in confidences]
 
     def observe(self, record: StepRecord) -> None:
         pass
@@ -114,8 +134,38 @@ class PolicyError(RuntimeError):
     """A policy raised or returned something unusable; hosts then run the step without speculation."""
 
 
-def draft_confidence_floor(policy: Policy) -> float:
-    return float(policy.min_draft_confidence) if isinstance(policy, PolicyBase) else 0.0
+KEEP_LAST = 2  # keep_drafting's answer for "keep this draft, draft no further" (True drafts on)
+StopRule = Callable[[int, Sequence[float | None]], Sequence[bool | int]]
+
+
+def draft_stop_rule(policy: Policy) -> StopRule | None:
+    """The policy's in-step stopping rule, or None when it has none (it drafts exactly its k)."""
+    if not isinstance(policy, PolicyBase):
+        return None
+    if type(policy).keep_drafting is PolicyBase.keep_drafting and policy.min_draft_confidence <= 0:
+        return None
+    return policy.keep_drafting
+
+
+def adopt_stop_rule(policy: Policy) -> StopRule | None:
+    """For a host that stops drafts inside the step: tell the policy so, return its rule (or None)."""
+    if isinstance(policy, PolicyBase):
+        policy.host_stops_drafts = True
+    return draft_stop_rule(policy)
+
+
+def ask_stop_rule(rule: StopRule, position: int, confidences: Sequence[float | None]) -> list[int]:
+    """Call a stop rule and check its answer: one of False (0), True (1) or KEEP_LAST (2) per row,
+    0 wherever the row was not shown. Raises PolicyError like `choose_ks`."""
+    try:
+        answer = list(rule(position, confidences))
+    except Exception as error:
+        raise PolicyError(f"policy raised {type(error).__name__} in keep_drafting: {error}") from error
+    if len(answer) != len(confidences):
+        raise PolicyError(f"keep_drafting returned {len(answer)} answers for {len(confidences)} rows")
+    if any(a not in (False, True, KEEP_LAST) for a in answer):
+        raise PolicyError(f"keep_drafting must answer True, False or KEEP_LAST per row, got {answer[:8]}")
+    return [int(a) if c is not None else 0 for a, c in zip(answer, confidences)]
 
 
 def choose_ks(policy: Policy, views: Sequence[RequestView]) -> list[int]:

@@ -25,10 +25,10 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..control.policy import (Policy, PolicyError, RequestOutcome, RequestView, StaticPolicy, StepRecord, choose_ks,
-                              draft_confidence_floor)
+from ..control.policy import (Policy, PolicyError, RequestOutcome, RequestView, StaticPolicy, StepRecord, adopt_stop_rule,
+                              choose_ks, draft_stop_rule)
 from ..control.registry import make_policy
-from ..modeling.drafters import Draft, Drafter, ModelDrafter, check_draft, logits_width
+from ..modeling.drafters import Draft, Drafter, ModelDrafter, check_draft, logits_width, trim_draft
 from ..modeling.kv import RaggedKV, same_length_groups
 from ..sampling.params import SamplingParams
 from ..sampling.rejection import verify
@@ -72,6 +72,7 @@ class SpecEngine:
                 f"the target {self.vocab_size}; speculative decoding needs one shared tokenizer"
             )
         self.policy = make_policy(policy)
+        adopt_stop_rule(self.policy)  # this engine stops drafts inside the step
         if max_k < 0 or max_batch_size < 1:
             raise ValueError("max_k must be >= 0 and max_batch_size >= 1")
         self.max_k = max_k if self.drafter is not None else 0
@@ -214,14 +215,18 @@ class SpecEngine:
             return None, 0.0
         started = time.perf_counter()
         contexts = [r.tokens for r in self._running]
-        floor = draft_confidence_floor(self.policy)
         limits = torch.as_tensor(ks)
-        draft = self._guard_drafter(lambda: self.drafter.propose(contexts, ks, sampler.draft_sampler(limits, floor)))
+        sample = sampler.draft_sampler(limits, draft_stop_rule(self.policy))
+        draft = self._guard_drafter(lambda: self.drafter.propose(contexts, ks, sample))
+        if sampler.stop_error is not None:  # the drafts made before it stand (they are exact)
+            self._switch_policy_off(sampler.stop_error)
         if draft is not None:
             draft, problem = check_draft(draft, ks, self.vocab_size, self.device)
             if problem:
                 self._warn_once("draft", f"the drafter returned an unusable draft ({problem}); such rows verify "
                                 "without drafts (warned once)")
+            else:  # rows stopped inside the step: verify only the columns some row drafted
+                draft = trim_draft(draft)
         return draft, time.perf_counter() - started
 
     def _verify_and_emit(self, draft: Draft | None, sampler: StepSampler, started: float,
@@ -265,6 +270,8 @@ class SpecEngine:
             batch_size=len(self._running), batch_k=int(draft.tokens.shape[1]),
             context_lengths=tuple(len(r.tokens) for r in self._running), outcomes=tuple(outcomes),
             draft_seconds=draft_seconds, verify_seconds=verify_seconds, total_seconds=time.perf_counter() - started,
+            draft_positions=draft.positions if proposed else 0,
+            draft_catchup_tokens=draft.catchup_tokens if proposed else 0,
         )
         try:
             self.policy.observe(record)

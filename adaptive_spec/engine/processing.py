@@ -24,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from ..control.policy import PolicyError, StopRule, ask_stop_rule
 from ..sampling.rejection import sample_inverse_cdf
 from ..sampling.transforms import RowSettings, process_logits
 from .request import Request
@@ -72,6 +73,7 @@ class StepSampler:
         self._states: list[list] = [[r.constraint_state] for r in self.requests]
         self._masks: list[list[torch.Tensor]] = [[] for _ in self.requests]
         self._constraint_errors: dict[tuple[int, int], str] = {}  # (row, draft position) -> message
+        self.stop_error: str | None = None  # a policy's stop rule raised while drafting
 
     def probs(
         self,
@@ -116,24 +118,43 @@ class StepSampler:
                     "the allowed-token set and constraint leave no token to generate")
         return Processed(probs, failed, reasons)
 
-    def draft_sampler(self, limits: torch.Tensor, min_confidence: float = 0.0):
-        """A `DraftSampler` for this step; `limits` [rows] is each row's k. With `min_confidence`,
-        a row stops drafting where the draft's top raw probability falls below it (a rule that looks
-        at the draft only, so exactness is untouched)."""
+    def draft_sampler(self, limits: torch.Tensor, stop_rule: StopRule | None = None):
+        """A `DraftSampler` for this step; `limits` [rows] is each row's k. With a `stop_rule` (the
+        policy's `keep_drafting`), each drafting row's confidence (the draft's top raw probability)
+        is shown to it and its answer ends rows early (a rule that looks at the draft only, so
+        exactness is untouched). A rule that raises stops every row and leaves `stop_error` set."""
         limits = limits.cpu()
+        drafting = limits > 0
 
         def sample(position: int, logits: torch.Tensor, drafted: torch.Tensor):
+            nonlocal drafting
             live = torch.where(limits > position, torch.full_like(limits, position), torch.full_like(limits, -1))
             processed = self.probs(logits[:, None].to(self.device), drafted, position, live)
-            probs, ok = processed.probs[:, 0], ~processed.failed[:, 0]
-            if min_confidence > 0:
-                ok &= torch.softmax(logits.float(), dim=-1).amax(dim=-1).to(self.device) >= min_confidence
+            probs = processed.probs[:, 0]
+            keep = drafting & ~processed.failed[:, 0].cpu() & (limits > position)
+            more = keep.clone()
+            if stop_rule is not None and keep.any():
+                confidence = torch.softmax(logits.float(), dim=-1).amax(dim=-1).tolist()
+                shown = [c if row_keeps else None for c, row_keeps in zip(confidence, keep.tolist())]
+                answers = torch.as_tensor(self._ask_stop_rule(stop_rule, position, shown))
+                keep &= answers > 0
+                more &= answers == 1
+            drafting = more
             uniforms = (self.draft_uniforms[:, position] if position < self.draft_uniforms.shape[1]
-                        else torch.full((len(ok),), 0.5, device=self.device))
-            tokens = sample_inverse_cdf(torch.where(ok[:, None], probs, 1.0), uniforms)
-            return tokens, probs, ok
+                        else torch.full((len(keep),), 0.5, device=self.device))
+            tokens = sample_inverse_cdf(torch.where(keep.to(self.device)[:, None], probs, 1.0), uniforms)
+            return tokens, probs, keep, more
 
         return sample
+
+    def _ask_stop_rule(self, stop_rule: StopRule, position: int, shown: list[float | None]) -> list[int]:
+        if self.stop_error is not None:
+            return [0] * len(shown)
+        try:
+            return ask_stop_rule(stop_rule, position, shown)
+        except PolicyError as error:  # the policy is at fault, not the drafter: stop drafting, report
+            self.stop_error = str(error)
+            return [0] * len(shown)
 
     def _allowed_at(self, row: int, position: int, drafts: torch.Tensor) -> torch.Tensor:
         """The mask at a drafted position, following the constraint through the drafts before it.

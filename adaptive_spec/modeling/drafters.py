@@ -28,14 +28,20 @@ class Draft:
     tokens: torch.Tensor  # [rows, K] long; entries at j >= num_drafted[i] are filler
     probs: torch.Tensor | None  # [rows, K, vocab] processed draft distributions; None = one-hot on tokens
     num_drafted: torch.Tensor  # [rows] long, each <= the k asked for
+    # For the cost model (0 = not reported): positions the draft loop evaluated, and the most
+    # context tokens a row fed before drafting (its cache's catch-up).
+    positions: int = 0
+    catchup_tokens: int = 0
 
 
 class DraftSampler(Protocol):
     def __call__(
         self, position: int, logits: torch.Tensor, drafted: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(position j, draft logits [rows, vocab], drafted so far [rows, j]) ->
-        (tokens [rows], processed probs [rows, vocab], ok [rows] bool: False where drafting must stop)."""
+        (tokens [rows], processed probs [rows, vocab], keep [rows] bool: the token is a draft,
+        more [rows] bool: draft another position after it). A row stops at its first keep False
+        or more False; position j + 1 is never fed for a row whose `more` is False."""
         ...
 
 
@@ -133,24 +139,31 @@ class ModelDrafter(DrafterBase):
         uncached = [list(context[cached:]) if cached >= 0 else [] for context, cached in zip(contexts, self._num_cached)]
         before = self.kv.lengths
         logits = self.kv.forward(uncached, logits_to_keep=1)[:, -1]
-        # 2. Draft batch_k positions; a row is fed only while it still drafts.
+        # 2. Draft up to batch_k positions; a row is fed only while it still drafts, and the loop
+        # ends when no row does (a stop rule may end rows early).
         tokens = torch.zeros(rows, batch_k, dtype=torch.long)
         probs = None
-        alive = wanted > 0
+        alive = wanted > 0  # rows drafting at this position
         num_drafted = torch.zeros(rows, dtype=torch.long)
+        fed_drafts = torch.zeros(rows, dtype=torch.long)  # drafts fed back into the cache
+        positions = 0
         for position in range(batch_k):
             if position:
-                feeding = (wanted > position)[:, None]
-                logits = self.kv.forward(tokens[:, position - 1 : position], logits_to_keep=1, real=feeding)[:, -1]
-            token, prob, ok = sample(position, logits, tokens[:, :position])
+                if not alive.any():
+                    break
+                logits = self.kv.forward(tokens[:, position - 1 : position], logits_to_keep=1,
+                                         real=alive[:, None])[:, -1]
+                fed_drafts += alive.long()
+            token, prob, keep, more = sample(position, logits, tokens[:, :position])
+            positions += 1
             if probs is None:
                 probs = prob.new_zeros(rows, batch_k, prob.shape[-1])
             tokens[:, position], probs[:, position] = token.to(tokens.device), prob
-            alive &= ok.cpu() & (position < wanted)
-            num_drafted += alive.long()
-        fed_drafts = (wanted - 1).clamp(min=0).tolist()  # d_1..d_{k-1} were fed back; d_k never was
-        self._pending = (before, [len(u) for u in uncached], fed_drafts)
-        return Draft(tokens, probs, num_drafted)
+            kept = alive & keep.cpu()
+            num_drafted += kept.long()
+            alive = kept & more.cpu() & (wanted > position + 1)
+        self._pending = (before, [len(u) for u in uncached], fed_drafts.tolist())
+        return Draft(tokens, probs, num_drafted, positions, max((len(u) for u in uncached), default=0))
 
     def accept(self, num_accepted: torch.Tensor) -> None:
         before, fed_context, fed_drafts = self._pending
@@ -197,12 +210,21 @@ def check_draft(draft: Draft, ks: Sequence[int], vocab_size: int,
         bad |= (drafted & broken).any(dim=1)
     limits = torch.as_tensor(list(ks), device=device)
     counts = torch.where(bad, 0, torch.minimum(counts, limits))
-    checked = Draft(torch.where(in_vocab, tokens, 0), probs, counts)
+    checked = Draft(torch.where(in_vocab, tokens, 0), probs, counts, int(draft.positions), int(draft.catchup_tokens))
     if not bad.any():
         return checked, None
     rows_bad = bad.nonzero().flatten().tolist()
     return checked, f"rows {rows_bad[:5]}: drafted ids outside 0..{vocab_size - 1}, counts outside 0..{columns}, " \
                     "or unusable draft probabilities"
+
+
+def trim_draft(draft: Draft) -> Draft:
+    """Drop the columns past the longest row's count (rows that stopped early leave them empty)."""
+    width = int(draft.num_drafted.max()) if draft.num_drafted.numel() else 0
+    if width == draft.tokens.shape[1]:
+        return draft
+    probs = draft.probs[:, :width] if draft.probs is not None else None
+    return Draft(draft.tokens[:, :width], probs, draft.num_drafted, draft.positions, draft.catchup_tokens)
 
 
 def _describe(value) -> str:

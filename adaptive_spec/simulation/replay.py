@@ -13,9 +13,11 @@ Semantics (one simulated request replays one trace request of n generated positi
   accepted positions, capped at k, then emits one more token (the recovered or bonus token), so the
   request advances by accepted + 1 positions (cut at the trace's end).
 * k is capped like the engine does: k <= min(max_k, remaining - 1) with remaining = n - t.
-* `confidence:P` (a policy with ``min_draft_confidence = P``): the draft stops before the first
-  covered position whose recorded draft_confidence < P, so the row drafts (and can accept) only
-  the positions before it. The batch's draft loop still runs K = max k_i steps, as in the engine.
+* Stopping inside the step (`confidence:P`, goodput): the simulator shows the policy's
+  `keep_drafting` the recorded draft_confidence of each covered position in turn; a row drafts (and
+  can accept) only the positions before its first refusal. The recorded confidence is the draft's
+  on the emitted prefix, which is the draft's own prefix up to its first rejected draft; past it
+  the draft's real confidences differ, but those drafts are never accepted.
 
 Why this is exact in distribution: given the emitted sequence, the event "position t was an
 accepted draft" has probability min(target(x), draft(x)) / target(x) and depends only on that position's own
@@ -63,10 +65,8 @@ def next_below(confidence: np.ndarray, threshold: float) -> np.ndarray:
     return np.minimum.accumulate(marked[::-1])[::-1].astype(np.int64)
 
 
-def step(run: np.ndarray, t: int, k: int, n: int, stop: np.ndarray | None = None) -> tuple[int, int, int]:
+def step(run: np.ndarray, t: int, k: int, n: int) -> tuple[int, int, int]:
     """One request's step at position t with k drafts: (drafted, accepted, emitted)."""
-    if stop is not None:
-        k = min(k, int(stop[t]) - t)
     accepted = min(k, int(run[t]))
     return k, accepted, min(accepted + 1, n - t)
 

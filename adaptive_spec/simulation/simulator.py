@@ -19,8 +19,11 @@ Loop (mirrors `SpecEngine.step`):
      CPU, where a measured 0.020 s per prompt token fits qwen-coder fp32);
   2. views: context = prompt length + emitted, remaining = trace length - emitted,
      max_k = min(max_k (16), remaining - 1); the policy chooses k_i, clamped to max_k;
-  3. the step costs cost(b, longest context, K = max k_i) (draft + verify + overhead components);
-  4. each row replays its acceptances (see `replay.step`), its history records (k_i, accepted);
+  3. a policy that stops drafts inside the step (`keep_drafting`) is shown each drafting row's
+     recorded draft confidence position by position, as in the engine's draft loop;
+  4. the step costs draft(positions the loop ran) + verify(K = max kept k_i) + overhead, at the
+     batch's longest context; each row replays its acceptances (see `replay.step`), its history
+     records (k_i, accepted);
   5. the policy observes the StepRecord; finished requests leave.
 
 Requests: the trace requests are cycled to reach `num_requests` (simulated request i replays trace
@@ -44,8 +47,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..control.cost_model import CostModel
-from ..control.policy import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, choose_ks,
-                              draft_confidence_floor, mean_acceptance_length)
+from ..control.policy import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, StopRule, adopt_stop_rule,
+                              ask_stop_rule, choose_ks, mean_acceptance_length)
 from ..control.registry import make_policy
 from . import replay
 from .oracle import CostRows, HindsightPolicy, dp_schedule
@@ -71,7 +74,6 @@ class _Sim:
     run: np.ndarray
     arrival: float = 0.0
     t: int = 0
-    stop: np.ndarray | None = None
     history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
 
 
@@ -81,13 +83,15 @@ class _Clock:
     def __init__(self, cost_model: CostModel, prefill_seconds_per_token: float = 0.0):
         self.cm = cost_model
         self.prefill_rate = float(prefill_seconds_per_token)
-        self._steps: dict[tuple[int, int, int], tuple[float, float, float]] = {}
+        self._steps: dict[tuple[int, int, int, int], tuple[float, float, float]] = {}
 
-    def step(self, b: int, c: int, k: int) -> tuple[float, float, float]:
-        key = (b, c, k)
+    def step(self, b: int, c: int, k: int, positions: int | None = None) -> tuple[float, float, float]:
+        """A step verifying k drafts per row after a draft loop of `positions` forwards (default k)."""
+        positions = k if positions is None else positions
+        key = (b, c, k, positions)
         hit = self._steps.get(key)
         if hit is None:
-            d = self.cm.draft_seconds(b, c, k) if k else 0.0
+            d = self.cm.draft_seconds(b, c, positions) if positions else 0.0
             v = self.cm.target_seconds(b, c, k + 1)
             total = d + v + self.cm.overhead_seconds(b, k)
             hit = self._steps[key] = (d, v, total)
@@ -97,14 +101,34 @@ class _Clock:
         return self.prefill_rate * prompt_length
 
 
-def _requests(traces: Sequence[RequestTrace], num_requests: int, seed: int, threshold: float) -> list[_Sim]:
+def _requests(traces: Sequence[RequestTrace], num_requests: int, seed: int) -> list[_Sim]:
     out = []
     for i in range(num_requests):
         trace = traces[i % len(traces)]
         accepted = replay.realise(trace.accept_prob, replay.uniforms(seed, i, trace.length))
-        stop = replay.next_below(trace.draft_confidence, threshold) if threshold > 0 else None
-        out.append(_Sim(i, f"sim-{i}", trace, replay.leading_runs(accepted), stop=stop))
+        out.append(_Sim(i, f"sim-{i}", trace, replay.leading_runs(accepted)))
     return out
+
+
+def _stop_inside(rule: StopRule, running: list[_Sim], ks: list[int]) -> tuple[list[int], int]:
+    """The draft loop with a policy's in-step rule, on the trace's recorded confidences:
+    (drafts kept per row, positions the loop evaluated)."""
+    kept = [0] * len(ks)
+    drafting = [k > 0 for k in ks]
+    positions = 0
+    for position in range(max(ks)):
+        shown = []
+        for row, (sim, k) in enumerate(zip(running, ks)):
+            j = sim.t + position
+            drafting[row] = drafting[row] and position < k and j < sim.trace.length
+            shown.append(float(sim.trace.draft_confidence[j]) if drafting[row] else None)
+        if not any(drafting):
+            break
+        positions += 1
+        for row, answer in enumerate(ask_stop_rule(rule, position, shown)):
+            kept[row] += answer > 0
+            drafting[row] = answer == 1  # KEEP_LAST (2) keeps this draft and stops
+    return kept, positions
 
 
 def simulate(
@@ -136,11 +160,9 @@ def simulate(
     is_oracle = isinstance(policy, str) and policy.strip().lower() == "oracle"
     if is_oracle:
         policy_obj = None
-        threshold = 0.0
     else:
         policy_obj = make_policy(policy, cost_model=cost_model_from(profile))
-        threshold = draft_confidence_floor(policy_obj)
-    sims = _requests(traces, n_req, seed, threshold)
+    sims = _requests(traces, n_req, seed)
     base = {"policy": "oracle" if is_oracle else policy_obj.name, "batch_size": batch_size, "rate": rate,
             "num_requests": n_req, "seed": seed, "max_k": max_k,
             "prefill_seconds_per_token": prefill_seconds_per_token}
@@ -174,6 +196,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
     latencies = []
     prefill_seconds = 0.0
     observe = policy.observe
+    stop_rule = None if isinstance(policy, HindsightPolicy) else adopt_stop_rule(policy)
     while running or pending:
         # 1. admit
         while pending and len(running) < batch_size and (rate is None or pending[0].arrival <= now):
@@ -199,16 +222,19 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             views.append(RequestView(sim.rid, sim.trace.prompt_length + sim.t, remaining,
                                      max(0, min(max_k, remaining - 1)), sim.history))
         ks = choose_ks(policy, views)
+        positions = max(ks)
+        if stop_rule is not None and positions:
+            ks, positions = _stop_inside(stop_rule, running, ks)
         batch_k = max(ks)
         b = len(running)
         contexts = tuple(v.context_length for v in views)
-        draft_s, verify_s, total_s = clock.step(b, max(contexts), batch_k)
+        draft_s, verify_s, total_s = clock.step(b, max(contexts), batch_k, positions)
         # 3. replay
         outcomes = []
         finished = []
         for row, (sim, k) in enumerate(zip(running, ks)):
             n = sim.trace.length
-            k_eff, acc, emitted = replay.step(sim.run, sim.t, k, n, sim.stop)
+            k_eff, acc, emitted = replay.step(sim.run, sim.t, k, n)
             sim.history.record(k_eff, acc)
             sim.t += emitted
             outcomes.append(RequestOutcome(sim.rid, k_eff, acc, emitted))
@@ -223,7 +249,8 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         batch_k_hist[batch_k] += 1
         now += total_s
         observe(StepRecord(batch_size=b, batch_k=batch_k, context_lengths=contexts, outcomes=tuple(outcomes),
-                           draft_seconds=draft_s, verify_seconds=verify_s, total_seconds=total_s))
+                           draft_seconds=draft_s, verify_seconds=verify_s, total_seconds=total_s,
+                           draft_positions=positions))
         if finished:
             for row in finished:
                 latencies.append(now - running[row].arrival)
