@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from adaptive_spec.cli import main
 
 PROMPT = "w1 w2 w3 w1 w2 w3 w1 w2"
@@ -95,3 +97,115 @@ def test_missing_profile_is_a_clear_error(tiny_model_dirs, capsys):
     code = main(["generate", "--target", target, "--draft", draft, "--prompt", PROMPT, "--policy", "goodput",
                  "--profile", "no-such-profile.json"])
     assert code == 2 and "no-such-profile.json" in capsys.readouterr().err
+
+
+def _fake_prompt_sets(monkeypatch):
+    """HumanEval and ShareGPT stand-ins the tiny tokenizer reads: HumanEval i is w1 w(2+i) w3,
+    ShareGPT i is w20 w(21+i) w40 w41 (another length, so a batch is ragged)."""
+    import adaptive_spec.cli.common as common
+    from adaptive_spec.assets import Prompt
+
+    monkeypatch.setattr(common, "load_humaneval", lambda limit, **_: [
+        Prompt(f"HumanEval/{i}", None, f"w1 w{2 + i} w3", "humaneval") for i in range(limit)])
+    monkeypatch.setattr(common, "load_sharegpt", lambda count, **_: [
+        Prompt(f"sg-{i}", None, f"w20 w{21 + i} w40 w41", "sharegpt") for i in range(count)])
+
+
+def _label(prompt: tuple[int, ...]) -> str:
+    """The workload and index a fake prompt's ids encode (the id of word wN is N + 5)."""
+    if 25 in prompt:
+        return f"sharegpt{prompt[prompt.index(25) + 1] - 26}"
+    return f"humaneval{prompt[prompt.index(6) + 1] - 7}"
+
+
+def _spy_engines(monkeypatch) -> dict:
+    """Record, in order, every request added and every step's outputs, per engine, and which
+    request keys each goodput policy object observed."""
+    from adaptive_spec.control.goodput import GoodputPolicy
+    from adaptive_spec.engine import SpecEngine
+
+    seen = {"events": [], "observed": {}}
+    add_request, step, observe = SpecEngine.add_request, SpecEngine.step, GoodputPolicy.observe
+
+    def spy_add(self, prompt, *args, **kwargs):
+        seen["events"].append(("add", self, _label(tuple(prompt))))
+        return add_request(self, prompt, *args, **kwargs)
+
+    def spy_step(self):
+        outputs = step(self)
+        seen["events"].append(("step", self, outputs))
+        return outputs
+
+    def spy_observe(self, record):
+        seen["observed"].setdefault(id(self), set()).update(o.request_id for o in record.outcomes)
+        return observe(self, record)
+
+    monkeypatch.setattr(SpecEngine, "add_request", spy_add)
+    monkeypatch.setattr(SpecEngine, "step", spy_step)
+    monkeypatch.setattr(GoodputPolicy, "observe", spy_observe)
+    return seen
+
+
+def test_bench_mix_interleaves_workloads_through_persistent_policies(tiny_model_dirs, monkeypatch, capsys):
+    target, draft, _ = tiny_model_dirs
+    _fake_prompt_sets(monkeypatch)
+    seen = _spy_engines(monkeypatch)
+    code = main(["bench", "--target", target, "--draft", draft, "--mix", "humaneval:3,sharegpt:2", "--no-hf",
+                 "--policies", "off,static:2,goodput", "--profile", "none", "--temperatures", "0",
+                 "--max-new-tokens", "6", "--no-chat"])
+    document = last_json(capsys)
+    assert code == 0
+    order = ["humaneval0", "sharegpt0", "humaneval1", "sharegpt1", "humaneval2"]
+    assert document["settings"]["prompts"] == ["HumanEval/0", "sg-0", "HumanEval/1", "sg-1", "HumanEval/2"]
+    # What the engines were fed: after one warm-up each, prompt by prompt, every configuration in turn.
+    adds = [(engine, label) for kind, engine, label in seen["events"] if kind == "add"][3:]
+    engines = [engine for engine, _ in adds[:3]]
+    assert len(set(map(id, engines))) == 3
+    assert [engine for engine, _ in adds] == engines * 5  # the same engine per configuration all along
+    assert [label for _, label in adds] == [label for label in order for _ in engines]
+    # The goodput policy serving the stream observed every prompt of it, not one prompt's worth.
+    assert sorted(map(len, seen["observed"].values())) == [1, 5]  # the warm-up's throwaway policy, the stream's
+    for row in document["runs"]:
+        workloads = row["workloads"]
+        assert {w: f["requests"] for w, f in workloads.items()} == {"humaneval": 3, "sharegpt": 2}
+        assert sum(f["tokens"] for f in workloads.values()) == row["tokens"] > 0
+        assert abs(sum(f["seconds"] for f in workloads.values()) - row["seconds"]) < 0.01
+        assert all(f["ratio_to_best_static"] > 0 for f in [row, *workloads.values()])
+    best = document["best_static"]["0.0"]
+    assert set(best) == {"overall", "humaneval", "sharegpt"} and set(best.values()) <= {"off", "static:2"}
+    for scope in best:
+        figures = [r if scope == "overall" else r["workloads"][scope] for r in document["runs"]]
+        assert max(f["ratio_to_best_static"] for f, r in zip(figures, document["runs"]) if r["config"] != "goodput") == 1.0
+
+
+def test_bench_batch_4_closed_loop_keeps_4_requests_in_flight(tiny_model_dirs, monkeypatch, capsys):
+    target, draft, _ = tiny_model_dirs
+    _fake_prompt_sets(monkeypatch)
+    seen = _spy_engines(monkeypatch)
+    code = main(["bench", "--target", target, "--draft", draft, "--mix", "humaneval:4,sharegpt:3",
+                 "--batch-size", "4", "--policies", "static:2", "--temperatures", "0", "--max-new-tokens", "6",
+                 "--no-chat"])
+    captured = capsys.readouterr()
+    document = json.loads(captured.out.strip().splitlines()[-1])
+    assert code == 0 and "skipping hf-plain" in captured.err
+    (row,) = document["runs"]
+    assert row["config"] == "static:2" and row["requests"] == 7 and row["peak_batch"] == 4
+    assert sum(f["tokens"] for f in row["workloads"].values()) == row["tokens"]
+    stream_engine = seen["events"][-1][1]
+    events = [(kind, item) for kind, engine, item in seen["events"] if engine is stream_engine]
+    served = [{o.request_id for o in outputs} for kind, outputs in events if kind == "step"]
+    assert max(map(len, served)) == 4  # four requests in one step, from the engine's own outputs
+    adds = [i for i, (kind, _) in enumerate(events) if kind == "add"]
+    first_finish = next(i for i, (kind, item) in enumerate(events) if kind == "step" and any(o.finished for o in item))
+    assert len(adds) == 7 and adds[3] < first_finish < adds[4]  # the fifth joins only when one has finished
+
+
+@pytest.mark.parametrize("options, problem", [
+    (["--mix", "foo:3"], "unknown workload 'foo'"), (["--mix", "humaneval:0"], "positive integer"),
+    (["--mix", "humaneval:x"], "positive integer"), (["--mix", "humaneval"], "positive integer"),
+    (["--mix", "humaneval:2,humaneval:3"], "twice"), (["--mix", "humaneval:2", "--humaneval", "3"], "replaces"),
+    (["--mix", "prompts:2"], "--prompts FILE.jsonl"), (["--batch-size", "0"], "--batch-size")])
+def test_bench_bad_mix_or_batch_size_is_a_clear_error(tiny_model_dirs, capsys, options, problem):
+    target, draft, _ = tiny_model_dirs
+    assert main(["bench", "--target", target, "--draft", draft, *options]) == 2
+    assert problem in capsys.readouterr().err

@@ -4,28 +4,51 @@ the same prompts, in one process, side by side.
 Configurations: `hf-plain`, `hf-assisted`, `hf-heuristic` (Hugging Face's own implementations; the
 assisted ones need a draft model) and any engine policies by name.
 
-Regime: batch size 1 (the latency regime where speculation can pay), prompts run one at a time.
-Runs are interleaved prompt by prompt (every configuration on prompt 1, then on prompt 2, ...), so
-slow drift of a shared machine spreads over all configurations instead of biasing the last ones.
-Each configuration is warmed up once on a short untimed run. Ratios are to `hf-plain` measured in
-the same run. The last stdout line is one JSON document.
+Stream: the prompts in the order the prompt options give them, or, with `--mix humaneval:8,sharegpt:8`,
+one stream interleaving the workloads round robin in the order named (HumanEval 1, ShareGPT 1,
+HumanEval 2, ...; a workload that runs out drops out), as one server would see them arrive. Prompt i
+of the stream is sampled with seed `--seed` + i in every configuration.
+
+What persists: per temperature, each engine configuration gets one policy object and one engine,
+made before the stream starts and kept for all of it, as in a long-running server: what the policy
+learns (goodput's acceptance prior, its online cost corrections) carries over from prompt to prompt
+and workload to workload. Each temperature starts afresh, and warm-up (one short untimed run per
+configuration, since first calls allocate and pick kernels) uses a throwaway engine and policy.
+
+Regimes:
+  batch 1 (default): prompts run one at a time, configurations interleaved prompt by prompt (every
+    configuration on prompt 1, then on prompt 2, ...), so slow drift of a shared machine spreads over
+    all configurations instead of biasing the last ones.
+  --batch-size B: a closed loop per configuration: B requests in flight in the engine (continuous
+    batching), each finished one replaced by the next of the stream; configurations interleaved step
+    by step. tokens/s = generated tokens / the configuration's summed step time. Per workload, a
+    step's time is split evenly over the requests it served. Hugging Face's `generate` cannot join
+    and leave requests mid-batch, so its baselines are skipped.
+
+Ratios, per temperature: to `hf-plain` (batch 1), and to the best static k, where `off` and every
+`static:K` in the run count as static: per workload to that workload's best static configuration,
+overall to the best single static configuration over the whole stream. The last stdout line is one
+JSON document.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import sys
 import time
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from ..control import make_policy
+from ..control.policy import StaticPolicy
 from ..engine import SpecEngine
-from .common import (add_model_options, add_prompt_options, encode_all, gather_prompts, load_models,
-                     policy_factory, print_json_line, stop_ids, summarize)
+from .common import (add_model_options, add_prompt_options, encode_all, gather_mix, gather_prompts, load_models,
+                     parse_mix, policy_factory, print_json_line, stop_ids, summarize)
 from ..integrations.vllm.bench import DEFAULT_CONFIGS as VLLM_DEFAULT_CONFIGS
 from ..integrations.vllm.bench import add_vllm_bench_options, run_vllm_bench
 from ..sampling.params import SamplingParams
@@ -39,6 +62,7 @@ HF_CONFIGS = {
     "hf-assisted": {},
     "hf-heuristic": {"num_assistant_tokens": 5, "num_assistant_tokens_schedule": "heuristic_transient"},
 }
+WARMUP_TOKENS = 16
 
 
 def add_bench_command(subparsers) -> None:
@@ -46,6 +70,12 @@ def add_bench_command(subparsers) -> None:
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_options(parser)
     add_prompt_options(parser)
+    parser.add_argument("--mix", default=None, metavar="SOURCE:N,...",
+                        help="one stream of workloads interleaved round robin, e.g. humaneval:8,sharegpt:8 "
+                             "(sources: humaneval, sharegpt, prompts = the --prompts file); replaces "
+                             "--humaneval/--sharegpt/--prompt")
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="requests in flight per configuration (closed loop); above 1 the HF baselines are skipped")
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated engine policies")
     parser.add_argument("--profile", default="auto", help="latency profile for goodput: a file, 'auto' or 'none'")
     parser.add_argument("--temperatures", default="0,0.7", help="comma-separated; 0 = greedy")
@@ -59,63 +89,98 @@ def add_bench_command(subparsers) -> None:
     add_vllm_bench_options(parser)
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """One prompt of the stream."""
+
+    index: int
+    workload: str
+    prompt_id: str
+    ids: list[int]
+    seed: int
+
+
+@dataclass
+class Tally:
+    """What one configuration did on one workload at one temperature."""
+
+    requests: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    results: list = field(default_factory=list)  # engine results, for acceptance figures
+
+
 def run_bench(args) -> int:
-    if not (args.prompt or args.prompts or args.humaneval or args.sharegpt):
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    mix = parse_mix(args.mix) if args.mix else None
+    if mix is None and not (args.prompt or args.prompts or args.humaneval or args.sharegpt):
         args.humaneval, args.sharegpt = 3, 3
-    prompts = gather_prompts(args)
+    if mix:
+        labelled = round_robin([[(name, prompt) for prompt in prompts] for name, prompts in gather_mix(args, mix)])
+    else:
+        labelled = [("prompts" if p.source == args.prompts else p.source, p) for p in gather_prompts(args)]
     if args.engine == "vllm":
+        if args.batch_size != 1:
+            raise ValueError("--batch-size is for --engine hf; with --engine vllm, load the engine with --rate R")
         if args.policies == DEFAULT_POLICIES:
             args.policies = VLLM_DEFAULT_CONFIGS
-        return run_vllm_bench(args, _interleave_sources(prompts))
+        prompts = [p for _, p in labelled]
+        return run_vllm_bench(args, prompts if mix else _interleave_sources(prompts))
     loaded = load_models(args)
-    prompt_ids = encode_all(prompts, loaded.tokenizer, chat=not args.no_chat)
+    encoded = encode_all([p for _, p in labelled], loaded.tokenizer, chat=not args.no_chat)
+    stream = [Arrival(index, workload, prompt.id, ids, args.seed + index)
+              for index, ((workload, prompt), ids) in enumerate(zip(labelled, encoded))]
+    workloads = list(dict.fromkeys(a.workload for a in stream))
     stops = stop_ids(loaded.tokenizer, loaded.target)
     temperatures = [float(t) for t in args.temperatures.split(",")]
     hf_configs = ["hf-plain"] + (["hf-assisted", "hf-heuristic"] if loaded.draft_model is not None else [])
     configs = [] if args.no_hf else hf_configs
+    if configs and args.batch_size > 1:
+        print(f"[batch size {args.batch_size}: Hugging Face generate cannot replace finished requests "
+              f"mid-batch; skipping {', '.join(configs)}]", file=sys.stderr)
+        configs = []
     configs += [p.strip() for p in args.policies.split(",") if p.strip()]
-
+    if not configs:
+        raise ValueError("nothing to run: give --policies, or drop --no-hf")
     cost_model = policy_factory(args, loaded)
-    runners = {name: _runner(name, loaded, stops, args, cost_model) for name in configs}
-    for name, run in runners.items():  # warm-up: first calls allocate and pick kernels
-        run(prompt_ids[0][:16], 0.0, 4, 0)
+    lane_class = {name: (HFLane if name in HF_CONFIGS else EngineLane) for name in configs}
+    for name in configs:  # warm-up on throwaway lanes: first calls allocate and pick kernels
+        warm = lane_class[name](name, loaded, stops, args, 0.0, cost_model)
+        warm.warm_up(stream[0].ids[:WARMUP_TOKENS], args.batch_size)
 
-    rows = []
-    total = len(temperatures) * len(prompts) * len(configs)
-    with tqdm(total=total, desc="bench", file=sys.stderr) as progress:
+    rows, best_static = [], {}
+    with tqdm(total=len(temperatures) * len(stream) * len(configs), desc="bench", file=sys.stderr) as progress:
         for temperature in temperatures:
-            measured = {name: {"tokens": 0, "seconds": 0.0, "results": []} for name in configs}
-            for index, ids in enumerate(prompt_ids):
-                for name in configs:
-                    started = time.perf_counter()
-                    tokens, result = runners[name](ids, temperature, args.max_new_tokens, args.seed + index)
-                    measured[name]["seconds"] += time.perf_counter() - started
-                    measured[name]["tokens"] += tokens
-                    if result is not None:
-                        measured[name]["results"].append(result)
-                    progress.update()
-            base = measured.get("hf-plain")
-            for name in configs:
-                m = measured[name]
-                row = {"config": name, "temperature": temperature, "tokens": m["tokens"],
-                       "seconds": round(m["seconds"], 3), "tokens_per_s": round(m["tokens"] / m["seconds"], 3)}
-                if m["results"]:
-                    stats = summarize(m["results"], m["seconds"])
-                    row.update(acceptance_rate=stats["acceptance_rate"],
-                               mean_acceptance_length=stats["mean_acceptance_length"])
-                if base:
-                    row["ratio_to_hf_plain"] = round(row["tokens_per_s"] / (base["tokens"] / base["seconds"]), 3)
-                rows.append(row)
+            lanes = {name: lane_class[name](name, loaded, stops, args, temperature, cost_model) for name in configs}
+            if args.batch_size == 1:
+                for arrival in stream:
+                    for one in lanes.values():
+                        one.serve_alone(arrival)
+                        progress.update()
+            else:
+                for one in lanes.values():
+                    one.open(stream, args.batch_size)
+                while any(one.busy for one in lanes.values()):
+                    for one in lanes.values():
+                        if one.busy:
+                            progress.update(one.step())
+            measured = _rows(lanes, temperature, workloads, args.batch_size)
+            best_static[str(temperature)] = _add_ratios(measured, {n for n, one in lanes.items() if one.static})
+            rows += measured
 
-    _print_table(rows)
+    _print_table(rows, workloads)
     single = len(temperatures) == 1
     document = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "threads": torch.get_num_threads()},
         "settings": {"target": loaded.target_name, "draft": loaded.draft_name, "dtype": args.dtype,
-                     "draft_dtype": args.draft_dtype or args.dtype, "prompts": [p.id for p in prompts],
-                     "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "batch_size": 1},
+                     "draft_dtype": args.draft_dtype or args.dtype, "prompts": [a.prompt_id for a in stream],
+                     "workloads": [a.workload for a in stream], "mix": dict(mix) if mix else None,
+                     "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "batch_size": args.batch_size},
         "runs": rows,
+        # temperature -> scope ("overall" or a workload) -> the fastest static configuration there.
+        "best_static": best_static,
         # One temperature: config -> tokens/s. Several: "config@temperature" -> tokens/s.
         "tokens_per_s": {(r["config"] if single else f"{r['config']}@{r['temperature']}"): r["tokens_per_s"]
                          for r in rows},
@@ -127,54 +192,184 @@ def run_bench(args) -> int:
     return 0
 
 
-def _runner(name: str, loaded, stops: tuple[int, ...], args, cost_model):
-    """A callable (ids, temperature, max_new_tokens, seed) -> (generated tokens, GenerationResult | None).
+class HFLane:
+    """A Hugging Face baseline: stateless, one prompt at a time."""
 
-    An engine policy is built once per configuration and kept across prompts, as in a long-running
-    server: what it learns (acceptance priors, online cost corrections) carries over."""
-    if name in HF_CONFIGS:
-        assistant = None if name == "hf-plain" else loaded.draft_model
-        schedule = HF_CONFIGS[name]
+    static = False
 
-        def run_hf(ids, temperature, max_new_tokens, seed):
-            torch.manual_seed(seed)
-            sampling = dict(do_sample=True, temperature=temperature, top_p=args.top_p) if temperature > 0 else \
-                dict(do_sample=False)
-            with torch.no_grad():
-                out = loaded.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                             max_new_tokens=max_new_tokens, eos_token_id=list(stops) or None,
-                                             pad_token_id=stops[0] if stops else None, assistant_model=assistant,
-                                             **schedule, **sampling)
-            return out.shape[1] - len(ids), None
+    def __init__(self, name: str, loaded, stops: tuple[int, ...], args, temperature: float, cost_model=None):
+        self.assistant = None if name == "hf-plain" else loaded.draft_model
+        self.schedule = HF_CONFIGS[name]
+        self.loaded, self.stops, self.args, self.temperature = loaded, stops, args, temperature
+        self.tallies: dict[str, Tally] = {}
 
-        return run_hf
+    def warm_up(self, ids: list[int], batch_size: int) -> None:
+        self._generate(ids, 4, 0)
 
-    policy = make_policy(name, cost_model)
+    def serve_alone(self, arrival: Arrival) -> None:
+        started = time.perf_counter()
+        tokens = self._generate(arrival.ids, self.args.max_new_tokens, arrival.seed)
+        tally = self.tallies.setdefault(arrival.workload, Tally())
+        tally.seconds += time.perf_counter() - started
+        tally.requests += 1
+        tally.tokens += tokens
 
-    def run_engine(ids, temperature, max_new_tokens, seed):
-        engine = SpecEngine(loaded.target, loaded.draft, policy=policy, seed=seed)
-        params = SamplingParams(temperature=temperature, top_p=args.top_p if temperature > 0 else 1.0,
-                                max_new_tokens=max_new_tokens, seed=seed, stop_token_ids=stops)
-        result = engine.generate([ids], params)[0]
+    def _generate(self, ids: list[int], max_new_tokens: int, seed: int) -> int:
+        torch.manual_seed(seed)
+        sampling = dict(do_sample=True, temperature=self.temperature, top_p=self.args.top_p) \
+            if self.temperature > 0 else dict(do_sample=False)
+        stops = self.stops
+        with torch.no_grad():
+            out = self.loaded.target.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=max_new_tokens, eos_token_id=list(stops) or None,
+                pad_token_id=stops[0] if stops else None, assistant_model=self.assistant, **self.schedule, **sampling)
+        return out.shape[1] - len(ids)
+
+
+class EngineLane:
+    """One engine configuration at one temperature: a policy and an engine kept for the whole stream,
+    so the policy learns from every prompt before the next (see the module docstring)."""
+
+    def __init__(self, name: str, loaded, stops: tuple[int, ...], args, temperature: float, cost_model):
+        self.name, self.stops, self.args, self.temperature = name, stops, args, temperature
+        self.policy = make_policy(name, cost_model)
+        self.static = isinstance(self.policy, StaticPolicy)
+        self.engine = SpecEngine(loaded.target, _own_drafter(loaded), policy=self.policy,
+                                 max_batch_size=args.batch_size, seed=args.seed)
+        self.tallies: dict[str, Tally] = {}
+        self.peak_batch = 0  # most requests one step served
+        self._stream: list[Arrival] = []
+        self._next = self._in_flight = 0
+
+    def warm_up(self, ids: list[int], batch_size: int) -> None:
+        params = SamplingParams(temperature=0.0, max_new_tokens=4, seed=0, stop_token_ids=self.stops)
+        self.engine.generate([ids] * batch_size, params)
+
+    def serve_alone(self, arrival: Arrival) -> None:
+        started = time.perf_counter()
+        result = self.engine.generate([arrival.ids], self._params(arrival))[0]
+        self._finish(arrival, result).seconds += time.perf_counter() - started
+
+    # --- closed loop -------------------------------------------------------------------------
+    def open(self, stream: list[Arrival], batch_size: int) -> None:
+        self._stream, self._next, self._in_flight, self.batch_size = stream, 0, 0, batch_size
+
+    @property
+    def busy(self) -> bool:
+        return self._next < len(self._stream) or self._in_flight > 0
+
+    def step(self) -> int:
+        """Top the batch up from the stream, run one engine step; returns how many requests finished."""
+        started = time.perf_counter()
+        while self._next < len(self._stream) and self._in_flight < self.batch_size:
+            arrival = self._stream[self._next]
+            self.engine.add_request(arrival.ids, self._params(arrival), request_id=str(arrival.index))
+            self._next += 1
+            self._in_flight += 1
+        outputs = self.engine.step()
+        seconds = time.perf_counter() - started
+        served = {output.request_id for output in outputs}
+        self.peak_batch = max(self.peak_batch, len(served))
+        for request_id in served:
+            self._tally(self._stream[int(request_id)]).seconds += seconds / len(served)
+        finished = [output for output in outputs if output.finished]
+        for output in finished:
+            self._finish(self._stream[int(output.request_id)], output.result)
+            self._in_flight -= 1
+        return len(finished)
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _params(self, arrival: Arrival) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.args.top_p if self.temperature > 0 else 1.0,
+                              max_new_tokens=self.args.max_new_tokens, seed=arrival.seed, stop_token_ids=self.stops)
+
+    def _tally(self, arrival: Arrival) -> Tally:
+        return self.tallies.setdefault(arrival.workload, Tally())
+
+    def _finish(self, arrival: Arrival, result) -> Tally:
         if result.error:
-            raise RuntimeError(f"{name}: {result.error}")
-        return len(result.token_ids), result
+            raise RuntimeError(f"{self.name}: prompt {arrival.prompt_id}: {result.error}")
+        tally = self._tally(arrival)
+        tally.requests += 1
+        tally.tokens += len(result.token_ids)
+        tally.results.append(result)
+        return tally
 
-    return run_engine
+
+def _own_drafter(loaded):
+    """A draft model is shared (each engine wraps it in its own cache); a drafter object keeps
+    per-request state, and engines of a closed loop run side by side, so each gets its own copy."""
+    if loaded.draft is None or loaded.draft_model is not None:
+        return loaded.draft
+    return copy.deepcopy(loaded.draft)
 
 
-def _print_table(rows: list[dict]) -> None:
-    header = f"{'temp':>5} {'config':<14} {'tokens':>7} {'sec':>8} {'tok/s':>8} {'x hf':>6} {'accept':>7} {'len':>6}"
+def _rows(lanes: dict, temperature: float, workloads: list[str], batch_size: int) -> list[dict]:
+    rows = []
+    for name, lane in lanes.items():
+        tallies = [lane.tallies.get(w, Tally()) for w in workloads]
+        merged = Tally(sum(t.requests for t in tallies), sum(t.tokens for t in tallies),
+                       sum(t.seconds for t in tallies), [r for t in tallies for r in t.results])
+        row = {"config": name, "temperature": temperature, **_figures(merged),
+               "workloads": {w: _figures(t) for w, t in zip(workloads, tallies)}}
+        if batch_size > 1:
+            row["peak_batch"] = lane.peak_batch
+        rows.append(row)
+    return rows
+
+
+def _figures(tally: Tally) -> dict:
+    figures = {"requests": tally.requests, "tokens": tally.tokens, "seconds": round(tally.seconds, 3),
+               "tokens_per_s": round(tally.tokens / tally.seconds, 3) if tally.seconds > 0 else None}
+    if tally.results:
+        stats = summarize(tally.results, tally.seconds)
+        figures.update(acceptance_rate=stats["acceptance_rate"], mean_acceptance_length=stats["mean_acceptance_length"])
+    return figures
+
+
+def _add_ratios(rows: list[dict], static: set[str]) -> dict[str, str]:
+    """Set ratio_to_hf_plain and ratio_to_best_static overall (best static over the whole stream) and
+    per workload (that workload's best static); returns scope -> the best static configuration."""
+    best_names = {}
+    for scope in ["overall"] + list(rows[0]["workloads"]):
+        figures = {r["config"]: (r if scope == "overall" else r["workloads"][scope]) for r in rows}
+        plain = figures.get("hf-plain", {}).get("tokens_per_s")
+        statics = [name for name in figures if name in static and figures[name]["tokens_per_s"]]
+        best = max(statics, key=lambda name: figures[name]["tokens_per_s"], default=None)
+        if best:
+            best_names[scope] = best
+        for name, f in figures.items():
+            if f["tokens_per_s"] is None:
+                continue
+            if plain:
+                f["ratio_to_hf_plain"] = round(f["tokens_per_s"] / plain, 3)
+            if best:
+                f["ratio_to_best_static"] = round(f["tokens_per_s"] / figures[best]["tokens_per_s"], 3)
+    return best_names
+
+
+def _print_table(rows: list[dict], workloads: list[str]) -> None:
+    header = (f"{'temp':>5} {'config':<14} {'workload':<10} {'tokens':>7} {'sec':>8} {'tok/s':>8} {'x hf':>6} "
+              f"{'x stat':>6} {'accept':>7} {'len':>6}")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['temperature']:>5} {r['config']:<14} {r['tokens']:>7} {r['seconds']:>8.2f} {r['tokens_per_s']:>8.2f} "
-              f"{_cell(r.get('ratio_to_hf_plain'), 6)} {_cell(r.get('acceptance_rate'), 7)} "
-              f"{_cell(r.get('mean_acceptance_length'), 6)}")
+        scopes = [("all", r)] + ([(w, r["workloads"][w]) for w in workloads] if len(workloads) > 1 else [])
+        for label, f in scopes:
+            print(f"{r['temperature'] if label == 'all' else '':>5} {r['config'] if label == 'all' else '':<14} "
+                  f"{label:<10} {f['tokens']:>7} {f['seconds']:>8.2f} {_cell(f['tokens_per_s'], 8)} "
+                  f"{_cell(f.get('ratio_to_hf_plain'), 6)} {_cell(f.get('ratio_to_best_static'), 6)} "
+                  f"{_cell(f.get('acceptance_rate'), 7)} {_cell(f.get('mean_acceptance_length'), 6)}")
 
 
 def _cell(value, width: int) -> str:
     return f"{value:>{width}.2f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+
+
+def round_robin(queues: list[list]) -> list:
+    """First of each queue, then the second of each, ...; a queue that runs out drops out."""
+    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
 
 
 def _interleave_sources(prompts):
@@ -182,5 +377,4 @@ def _interleave_sources(prompts):
     by_source: dict[str, list] = {}
     for prompt in prompts:
         by_source.setdefault(prompt.source, []).append(prompt)
-    queues = list(by_source.values())
-    return [queue[i] for i in range(max(map(len, queues))) for queue in queues if i < len(queue)]
+    return round_robin(list(by_source.values()))

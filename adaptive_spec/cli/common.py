@@ -105,17 +105,64 @@ def gather_prompts(args) -> list[Prompt]:
     prompts: list[Prompt] = []
     for index, text in enumerate(args.prompt or []):
         prompts.append(Prompt(id=f"prompt-{index}", messages=None, text=text, source="cli"))
+    load = _source_loaders(args)
     if args.prompts:
         prompts += load_jsonl(args.prompts)
     if args.humaneval:
-        prompts += load_humaneval(limit=args.humaneval)
+        prompts += load["humaneval"](args.humaneval)
     if args.sharegpt:
-        prompts += load_sharegpt(args.sharegpt, seed=args.seed, max_prompt_chars=2000)
+        prompts += load["sharegpt"](args.sharegpt)
     if not prompts and args.default_prompt:
         prompts.append(Prompt(id="default", messages=None, text=args.default_prompt, source="default"))
     if not prompts:
         raise ValueError("no prompts: give --prompt, --prompts FILE.jsonl, --humaneval N or --sharegpt N")
     return prompts
+
+
+MIX_SOURCES = ("humaneval", "sharegpt", "prompts")
+
+
+def parse_mix(text: str) -> list[tuple[str, int]]:
+    """`humaneval:8,sharegpt:8` -> [("humaneval", 8), ("sharegpt", 8)]; an error names the part at fault."""
+    mix: list[tuple[str, int]] = []
+    for part in (piece.strip() for piece in text.split(",")):
+        name, _, count = part.partition(":")
+        name, count = name.strip().lower(), count.strip()
+        if name not in MIX_SOURCES:
+            raise ValueError(f"--mix {part!r}: unknown workload {name!r}; known: {', '.join(MIX_SOURCES)}")
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--mix {part!r}: the count must be a positive integer, as in {name}:8")
+        if name in dict(mix):
+            raise ValueError(f"--mix names {name!r} twice")
+        mix.append((name, int(count)))
+    return mix
+
+
+def gather_mix(args, mix: list[tuple[str, int]]) -> list[tuple[str, list[Prompt]]]:
+    """Each workload's prompts for `--mix`, read before any model loads. The mix replaces the other
+    prompt options, so no prompt joins the stream unnamed; `--prompts FILE` joins only as `prompts:N`."""
+    if args.prompt or args.humaneval or args.sharegpt:
+        raise ValueError("--mix replaces --prompt, --humaneval and --sharegpt: give one or the other")
+    counts = dict(mix)
+    if "prompts" in counts and not args.prompts:
+        raise ValueError("--mix prompts:N takes its prompts from --prompts FILE.jsonl, which is missing")
+    if args.prompts and "prompts" not in counts:
+        raise ValueError("--prompts FILE joins a --mix only as prompts:N")
+    load = _source_loaders(args)
+    workloads = []
+    for name, count in mix:
+        prompts = load[name](count)
+        if len(prompts) < count:
+            raise ValueError(f"--mix {name}:{count}: only {len(prompts)} {name} prompts are available")
+        workloads.append((name, prompts))
+    return workloads
+
+
+def _source_loaders(args) -> dict:
+    """Prompt sets a count is drawn from, by the names `--mix` uses."""
+    return {"humaneval": lambda count: load_humaneval(limit=count),
+            "sharegpt": lambda count: load_sharegpt(count, seed=args.seed, max_prompt_chars=2000),
+            "prompts": lambda count: load_jsonl(args.prompts)[:count]}
 
 
 def encode_all(prompts: Sequence[Prompt], tokenizer, chat: bool) -> list[list[int]]:
