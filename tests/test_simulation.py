@@ -313,6 +313,24 @@ def test_simulate_cli_and_bad_profiles(tmp_path):
         _cli(["simulate", "--trace", str(trace), "--profile", str(PROFILE_PATH), "--policy", "nonsense"])
 
 
+def test_simulate_cli_lists_the_ceilings_beside_the_policies(tmp_path, capsys):
+    trace = save_trace(synthetic(4, 30, seed=1), tmp_path / "t.csv")
+    names = ["off", "static:2", *CEILINGS, "oracle"]
+    document = _cli(["simulate", "--trace", str(trace), "--profile", str(PROFILE_PATH), "--policies", ",".join(names),
+                     "--batch-size", "2", "--num-requests", "8"])
+    assert [r["policy"] for r in document["runs"]] == names and set(document["tokens_per_s"]) == set(names)
+    assert document["runs"][-1]["oracle"] == "upper-bound" and document["batch_size"] == 2
+    assert all(r["num_requests"] == 8 and r["tokens_per_s"] > 0 for r in document["runs"])
+    from adaptive_spec.cli.trace_simulate import add_trace_commands
+    parser = argparse.ArgumentParser()
+    add_trace_commands(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    for name in ["oracle", *CEILINGS]:  # one line each
+        assert len([line for line in lines if line.strip().startswith(name + " ")]) == 1, name
+
+
 # ----------------------------------------------------------------------------- recording (tiny models)
 
 def test_trace_from_the_engine_round_trips(tmp_path, small_pair):
