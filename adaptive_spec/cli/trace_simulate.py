@@ -6,8 +6,9 @@ one JSON document.
     adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policy goodput --batch-size 4
     adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policy static:2 --rate 2 --num-requests 1000
     adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policy oracle
+    adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policies off,static:2,goodput,oracle
 
-Trace format, replay semantics and the oracle: `adaptive_spec.simulation`.
+Trace format, replay semantics, the oracle and the other ceilings: `adaptive_spec.simulation`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ import sys
 from .common import add_model_options, add_prompt_options, add_sampling_options, print_json_line
 
 __all__ = ["add_trace_commands", "run_trace", "run_simulate"]
+
+CEILINGS_HELP = """ceilings (policy names the simulator builds from the traces themselves):
+  oracle                 hindsight-best k per step from the realised outcomes (exact at batch 1, a bound above)
+  request-static-oracle  each request's best fixed k in hindsight, run through the batch loop
+  confidence-oracle      per step, the K of best expected goodput from the trace's true acceptance probabilities"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in the help, and the ceilings' epilog kept as written."""
 
 
 def add_trace_commands(subparsers) -> None:
@@ -33,10 +43,13 @@ def add_trace_commands(subparsers) -> None:
     trace.add_argument("--gen-batch-size", type=int, default=4, help="engine batch size while generating")
 
     sim = subparsers.add_parser("simulate", help="replay traces through a policy with a profile's step costs",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_HelpFormatter, epilog=CEILINGS_HELP)
     sim.add_argument("--trace", action="append", required=True, help="trace file (repeatable; requests are pooled)")
     sim.add_argument("--profile", required=True, help="cost profile JSON (see `adaptive-spec profile`)")
-    sim.add_argument("--policy", default="goodput", help="a policy name (off, static:K, goodput, ...) or 'oracle'")
+    sim.add_argument("--policy", default="goodput", help="a policy name (off, static:K, goodput, ...) or a ceiling (below)")
+    sim.add_argument("--policies", default=None,
+                     help="comma-separated policies and ceilings, run on the same requests and shown as a table "
+                          "(replaces --policy)")
     sim.add_argument("--batch-size", type=int, default=None,
                      help="closed loop: concurrent requests (default 1); with --rate: the max batch size (default 64)")
     sim.add_argument("--rate", type=float, default=None, help="open loop: Poisson arrivals, requests per second")
@@ -58,14 +71,26 @@ def run_simulate(args) -> int:
     except ProfileError as error:
         raise ValueError(str(error)) from None
     batch = args.batch_size if args.batch_size is not None else (64 if args.rate is not None else 1)
-    try:
-        report = simulate(traces, profile, args.policy, batch_size=batch, rate=args.rate,
-                          num_requests=args.num_requests, seed=args.seed, max_k=args.max_k,
-                          prefill_seconds_per_token=args.prefill_seconds_per_token)
-    except ProfileError as error:
-        raise ValueError(str(error)) from None
-    report["traces"] = list(args.trace)
-    report["profile"] = profile.get("name")
+    policies = [p.strip() for p in (args.policies or "").split(",") if p.strip()] or [args.policy]
+    reports = []
+    for policy in policies:
+        try:
+            report = simulate(traces, profile, policy, batch_size=batch, rate=args.rate,
+                              num_requests=args.num_requests, seed=args.seed, max_k=args.max_k,
+                              prefill_seconds_per_token=args.prefill_seconds_per_token)
+        except ProfileError as error:
+            raise ValueError(str(error)) from None
+        report["traces"] = list(args.trace)
+        report["profile"] = profile.get("name")
+        reports.append(report)
+    if args.policies:
+        print(f"batch={batch}{' rate=' + str(args.rate) if args.rate else ''}, {reports[0]['num_requests']} requests, "
+              f"profile {profile.get('name')}")
+        _print_table(reports)
+        print_json_line({"traces": list(args.trace), "profile": profile.get("name"), "batch_size": batch,
+                         "rate": args.rate, "runs": reports,
+                         "tokens_per_s": {r["policy"]: r["tokens_per_s"] for r in reports}})
+        return 0
     lat = ", ".join(f"p{q} {report[f'latency_p{q}']:.3f}s" for q in (50, 90, 99) if report.get(f"latency_p{q}") is not None)
     print(f"{report['policy']} batch={batch}{' rate=' + str(args.rate) if args.rate else ''}: "
           f"{report['tokens_per_s']} tokens/s over {report['num_requests']} requests"
@@ -74,6 +99,20 @@ def run_simulate(args) -> int:
           f"k histogram {report['k_histogram']}", file=sys.stderr)
     print_json_line(report)
     return 0
+
+
+def _print_table(reports: list[dict]) -> None:
+    header = f"{'policy':<22} {'tok/s':>9} {'accept':>7} {'len':>6} {'p50 s':>8} {'p99 s':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in reports:
+        note = "  (upper bound)" if r.get("oracle") == "upper-bound" else ""
+        print(f"{r['policy']:<22} {_cell(r['tokens_per_s'], 9)} {_cell(r['acceptance_rate'], 7)} "
+              f"{_cell(r['mean_acceptance_length'], 6)} {_cell(r['latency_p50'], 8)} {_cell(r['latency_p99'], 8)}{note}")
+
+
+def _cell(value, width: int) -> str:
+    return f"{value:>{width}.3f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
 
 
 def run_trace(args) -> int:

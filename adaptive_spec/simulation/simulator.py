@@ -35,6 +35,11 @@ and the batch K histogram.
 `policy="oracle"`: at batch size 1 the hindsight-optimal schedule (exact; run through the loop so
 every metric is reported); at batch size > 1 an upper bound on tokens/s (see `oracle`), reported
 with ``"oracle": "upper-bound"`` and no latency percentiles.
+
+Two more ceilings (`ceilings`), run through the loop at every batch size:
+`policy="request-static-oracle"` (each request's best fixed k in hindsight; the report adds
+``request_k_histogram``, requests per chosen k) and `policy="confidence-oracle"` (each step's
+expected-goodput-maximising K from the trace's true acceptance probabilities).
 """
 
 from __future__ import annotations
@@ -51,12 +56,14 @@ from ..control.policy import (AcceptanceHistory, RequestOutcome, RequestView, St
                               ask_stop_rule, choose_ks, mean_acceptance_length)
 from ..control.registry import make_policy
 from . import replay
+from .ceilings import ConfidenceOraclePolicy, request_static_policy
 from .oracle import CostRows, HindsightPolicy, dp_schedule
 from .trace_file import RequestTrace
 
-__all__ = ["simulate", "cost_model_from", "DEFAULT_MAX_K"]
+__all__ = ["simulate", "cost_model_from", "DEFAULT_MAX_K", "CEILINGS"]
 
 DEFAULT_MAX_K = 16  # the engine's default cap on any k
+CEILINGS = ("oracle", "request-static-oracle", "confidence-oracle")  # policy names the simulator builds itself
 
 
 def cost_model_from(profile: Mapping[str, Any] | CostModel) -> CostModel:
@@ -157,26 +164,34 @@ def simulate(
     if n_req < 1:
         raise ValueError(f"num_requests must be >= 1, got {n_req}")
     clock = _Clock(cost_model_from(profile), prefill_seconds_per_token)
-    is_oracle = isinstance(policy, str) and policy.strip().lower() == "oracle"
-    if is_oracle:
+    ceiling = policy.strip().lower() if isinstance(policy, str) and policy.strip().lower() in CEILINGS else None
+    if ceiling:
         policy_obj = None
     else:
         policy_obj = make_policy(policy, cost_model=cost_model_from(profile))
     sims = _requests(traces, n_req, seed)
-    base = {"policy": "oracle" if is_oracle else policy_obj.name, "batch_size": batch_size, "rate": rate,
+    base = {"policy": ceiling or policy_obj.name, "batch_size": batch_size, "rate": rate,
             "num_requests": n_req, "seed": seed, "max_k": max_k,
             "prefill_seconds_per_token": prefill_seconds_per_token}
-    if is_oracle and batch_size > 1:
+    if ceiling == "oracle" and batch_size > 1:
         report = _oracle_bound(sims, clock, batch_size, max_k)
         report["wall_seconds"] = round(time.perf_counter() - started, 4)
         return {**base, **report}
-    if is_oracle:
+    extra = {}
+    if ceiling == "oracle":
         rows = CostRows(clock.cm, max_k, batch=1)
         policy_obj = HindsightPolicy({s.rid: (s.trace.prompt_length, dp_schedule(s.run, s.trace.prompt_length, rows, max_k)[1])
                                       for s in sims})
+        extra["oracle"] = "exact"
+    elif ceiling == "request-static-oracle":
+        policy_obj = request_static_policy(((s.rid, s.trace.prompt_length, s.run) for s in sims),
+                                           CostRows(clock.cm, max_k, batch=batch_size), max_k)
+        extra["request_k_histogram"] = {str(k): v for k, v in sorted(Counter(policy_obj.ks.values()).items())}
+    elif ceiling == "confidence-oracle":
+        policy_obj = ConfidenceOraclePolicy({s.rid: (s.trace.prompt_length, s.trace.accept_prob) for s in sims},
+                                            lambda b, c, k: clock.step(b, c, k)[2])
     report = _loop(sims, clock, policy_obj, batch_size, rate, seed, max_k)
-    if is_oracle:
-        report["oracle"] = "exact"
+    report.update(extra)
     report["wall_seconds"] = round(time.perf_counter() - started, 4)
     return {**base, **report}
 
@@ -196,7 +211,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
     latencies = []
     prefill_seconds = 0.0
     observe = policy.observe
-    stop_rule = None if isinstance(policy, HindsightPolicy) else adopt_stop_rule(policy)
+    stop_rule = adopt_stop_rule(policy)  # None for rule-free policies and the ceilings
     while running or pending:
         # 1. admit
         while pending and len(running) < batch_size and (rate is None or pending[0].arrival <= now):
