@@ -47,8 +47,8 @@ from tqdm import tqdm
 from ..control import make_policy
 from ..control.policy import StaticPolicy
 from ..engine import SpecEngine
-from .common import (add_model_options, add_prompt_options, encode_all, gather_mix, gather_prompts, load_models,
-                     parse_mix, policy_factory, print_json_line, stop_ids, summarize)
+from .common import (add_model_options, add_prompt_options, draft_precision, encode_all, gather_mix, gather_prompts,
+                     load_models, parse_mix, policy_factory, print_json_line, stop_ids, summarize)
 from ..integrations.vllm.bench import DEFAULT_CONFIGS as VLLM_DEFAULT_CONFIGS
 from ..integrations.vllm.bench import add_vllm_bench_options, run_vllm_bench
 from ..sampling.params import SamplingParams
@@ -175,7 +175,7 @@ def run_bench(args) -> int:
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "torch": torch.__version__, "threads": torch.get_num_threads()},
         "settings": {"target": loaded.target_name, "draft": loaded.draft_name, "dtype": args.dtype,
-                     "draft_dtype": args.draft_dtype or args.dtype, "prompts": [a.prompt_id for a in stream],
+                     "draft_dtype": draft_precision(args), "prompts": [a.prompt_id for a in stream],
                      "workloads": [a.workload for a in stream], "mix": dict(mix) if mix else None,
                      "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "batch_size": args.batch_size},
         "runs": rows,

@@ -9,6 +9,7 @@ distribution of the (bf16 or int8) target it runs.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -39,8 +40,16 @@ def load_model(name: str, precision: str = "float32", progress: bool = True):
     model, tokenizer = load_model_and_tokenizer(name, dtype="bfloat16" if precision == "bfloat16" else "float32",
                                                 progress=progress)
     if precision == "int8":
-        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        model = quantize_int8(model)
     return model.eval(), tokenizer
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 quantisation of every Linear layer (CPU). torch 2.13 marks the quantised-tensor
+    constructors deprecated; until its replacement covers dynamic CPU quantisation, say nothing."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 def load_pair(

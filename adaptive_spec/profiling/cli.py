@@ -84,6 +84,8 @@ def add_profile_commands(subparsers) -> argparse.ArgumentParser:
     run = p.add_argument_group("machine and output")
     run.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     run.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    run.add_argument("--draft-dtype", choices=("same", "int8"), default="same",
+                     help="int8: dynamically quantised draft (CPU), as `generate --draft-dtype int8` runs it")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", default=None, help="output file (default profiles/<name>.json)")
@@ -123,6 +125,7 @@ def _settings(args):
 def _load_models(args, dtype, device):
     """(target, draft, target_name, draft_name, random_weights)."""
     from ..assets.registry import get_pair
+    from ..modeling.loading import quantize_int8
     from .profiler import load_pretrained, random_model, resolve_config
 
     progress = not args.quiet
@@ -151,6 +154,10 @@ def _load_models(args, dtype, device):
         elif pair is not None and not args.draft:
             draft_name = pair.draft
             draft = pretrained(draft_name)
+    if draft is not None and getattr(args, "draft_dtype", "same") == "int8":
+        if str(device) != "cpu":
+            raise ValueError("--draft-dtype int8 is dynamic quantisation, which runs on the CPU only")
+        draft = quantize_int8(draft.float()).eval()
     return target, draft, target_name, draft_name, random_weights
 
 

@@ -266,8 +266,7 @@ def config_hash(config: Any) -> str:
 def model_fingerprint(model: Any, name: str | None = None, random_weights: bool = False) -> dict:
     """A model as a profile records it: architecture, parameter count, dtype, config hash."""
     config = model.config
-    parameters = sum(p.numel() for p in model.parameters())
-    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    parameters, dtype = _weights(model)
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
     name = name or getattr(config, "_name_or_path", None) or type(model).__name__
     if os.path.isdir(str(name)):  # a local directory: keep its last component, not the machine's path
@@ -284,6 +283,19 @@ def model_fingerprint(model: Any, name: str | None = None, random_weights: bool 
         "vocab_size": getattr(config, "vocab_size", None),
         "random_weights": bool(random_weights),
     }
+
+
+def _weights(model: Any) -> tuple[int, str]:
+    """(parameter count, precision). Dynamically int8-quantised Linear layers keep their weights
+    outside `parameters()`; they are counted, and such a model's precision reads "int8"."""
+    import torch
+
+    parameters = sum(p.numel() for p in model.parameters())
+    quantized = [m for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    if quantized:
+        return parameters + sum(m.weight().numel() + (m.bias().numel() if m.bias() is not None else 0)
+                                for m in quantized), "int8"
+    return parameters, str(next(model.parameters()).dtype).replace("torch.", "")
 
 
 def check_fingerprint(profile: Mapping[str, Any], current: Mapping[str, Any], strict: bool = False,
