@@ -249,3 +249,42 @@ def test_goodput_state_round_trips_through_json():
     assert fresh.calibration.predict(0.9, 0) == pytest.approx(policy.calibration.predict(0.9, 0))
     with pytest.raises(ValueError):
         fresh.load_state({"prior": {}})
+
+
+def test_a_saved_acceptance_state_warm_starts_goodput_through_the_profile(tmp_path):
+    """`simulate --save-acceptance` writes what goodput learned over the committed traces; a
+    cost model carrying it (as `--profile auto` loads it from beside the profile) starts goodput
+    from it instead of the 0.6 prior. A malformed file warns and is ignored."""
+    from adaptive_spec.cli import main
+    from adaptive_spec.control import make_policy
+    from adaptive_spec.profiling.profile_file import acceptance_path, load_acceptance
+
+    profile_path = tmp_path / "machine.json"
+    profile_path.write_text(json.dumps(CPU_PROFILE))
+    saved = acceptance_path(profile_path)
+    assert saved.name == "machine.acceptance.json"
+    code = main(["simulate", "--trace", str(ROOT / "traces" / "qwen-coder-code-t0.csv"), "--profile", str(profile_path),
+                 "--policy", "goodput", "--save-acceptance", str(saved)])
+    assert code == 0
+    state = load_acceptance(saved)
+    model = cost_model_from(CPU_PROFILE)
+    model.warm_start = state
+    warm, cold = make_policy("goodput", cost_model=model), make_policy("goodput", cost_model=cost_model_from(CPU_PROFILE))
+    assert warm.prior.rates()[0] > 0.8 > cold.prior.rates()[0]  # code: ~0.86 of first drafts accepted
+    assert warm.calibration.weight == pytest.approx(state["calibration"]["weight"])
+    assert warm.calibration.biases == pytest.approx(state["calibration"]["biases"])
+    saved.write_text('{"format": "something else"}')
+    with pytest.warns(UserWarning, match="ignoring acceptance state"):
+        assert load_acceptance(saved) is None
+
+
+def test_simulate_reports_calibration_quality():
+    from adaptive_spec.simulation.trace_file import load_trace
+
+    traces = load_trace(ROOT / "traces" / "qwen-coder-chat-t0.csv").requests()
+    report = simulate(traces, CPU_PROFILE, "goodput")
+    quality = report["calibration"]
+    assert quality["outcomes"] > 100 and 0 < quality["brier"] < 0.25
+    assert quality["brier_raw_confidence"] is not None
+    assert sum(row["outcomes"] for row in quality["reliability"]) == quality["outcomes"]
+    assert "calibration" not in simulate(traces, CPU_PROFILE, "static:3")

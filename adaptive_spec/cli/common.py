@@ -71,14 +71,18 @@ def policy_factory(args, loaded: LoadedPair):
     """A zero-argument cost-model factory for `make_policy`: loads the profile only if a policy needs it."""
 
     def cost_model():
-        from ..profiling.profile_file import load_cost_model
+        from ..profiling.profile_file import acceptance_path, load_acceptance, load_cost_model
 
         path = find_profile(loaded) if args.profile == "auto" else None if args.profile == "none" else args.profile
         if path is None:
             print("[no latency profile for these models: goodput learns step costs online]", file=sys.stderr)
             return None
         print(f"[latency profile: {path}]", file=sys.stderr)
-        return load_cost_model(path, loaded.target, loaded.draft_model)
+        model = load_cost_model(path, loaded.target, loaded.draft_model)
+        model.warm_start = load_acceptance(acceptance_path(path))
+        if model.warm_start:
+            print(f"[acceptance warm start: {acceptance_path(path)}]", file=sys.stderr)
+        return model
 
     return cost_model
 
@@ -91,6 +95,8 @@ def find_profile(loaded: LoadedPair) -> Path | None:
     wanted = [model_fingerprint(m)["dtype"] if m is not None else None for m in (loaded.target, loaded.draft_model)]
     matches = []
     for path in sorted(PROFILES_DIR.glob("*.json")):
+        if path.name.endswith(".acceptance.json"):
+            continue
         try:
             models = json.loads(path.read_text()).get("fingerprint", {}).get("models", {})
         except (OSError, ValueError):

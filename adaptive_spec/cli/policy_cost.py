@@ -1,7 +1,9 @@
 """`adaptive-spec policy-cost`: how long a policy's decision takes, per request per step.
 
-Drives `choose` + `observe` with synthetic requests (i.i.d. acceptance) at several batch sizes and
-reports microseconds per request per step; the decision must stay well under 1% of a step.
+Drives `choose`, the in-step `keep_drafting` calls (one per drafted position, as our engine makes
+them) and `observe` with synthetic requests (i.i.d. acceptance, draft confidences uniform in
+[0.3, 1]) at several batch sizes and reports microseconds per request per step; the decision must
+stay well under 1% of a step.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import argparse
 import random
 import time
 
-from ..control import AcceptanceHistory, RequestOutcome, RequestView, StepRecord, make_policy
+from ..control import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, adopt_stop_rule, ask_stop_rule,
+                       make_policy)
 from .common import print_json_line
 
 
@@ -29,6 +32,7 @@ def run_policy_cost(args) -> int:
     results = {}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         policy = make_policy(args.policy)
+        stop_rule = adopt_stop_rule(policy)
         histories = [AcceptanceHistory() for _ in range(batch)]
         elapsed = 0.0
         for step in range(args.steps):
@@ -36,6 +40,9 @@ def run_policy_cost(args) -> int:
             started = time.perf_counter()
             ks = policy.choose(views)
             chose = time.perf_counter()
+            if stop_rule is not None and max(ks):
+                ks, seconds = _draft_with(stop_rule, ks, rng)
+                elapsed += seconds
             outcomes = []
             for i, k in enumerate(ks):
                 accepted = next((j for j in range(k) if rng.random() > args.acceptance), k)
@@ -48,3 +55,20 @@ def run_policy_cost(args) -> int:
         print(f"batch {batch:>4}: {results[str(batch)]:>8.2f} us per request per step")
     print_json_line({"policy": args.policy, "steps": args.steps, "us_per_request_per_step": results})
     return 0
+
+
+def _draft_with(stop_rule, ks: list[int], rng: random.Random) -> tuple[list[int], float]:
+    """Ask the stop rule at each position as the engine's draft loop does: (kept k per row, seconds
+    spent inside the rule)."""
+    kept, drafting, seconds = [0] * len(ks), [k > 0 for k in ks], 0.0
+    for position in range(max(ks)):
+        shown = [rng.uniform(0.3, 1.0) if drafting[i] and position < k else None for i, k in enumerate(ks)]
+        if not any(c is not None for c in shown):
+            break
+        started = time.perf_counter()
+        answers = ask_stop_rule(stop_rule, position, shown)
+        seconds += time.perf_counter() - started
+        for i, answer in enumerate(answers):  # 0 drop and stop, 1 keep and go on, 2 keep and stop
+            kept[i] += answer > 0
+            drafting[i] = answer == 1
+    return kept, seconds

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .common import add_model_options, add_prompt_options, add_sampling_options, print_json_line
 
@@ -55,6 +56,9 @@ def add_trace_commands(subparsers) -> None:
     sim.add_argument("--rate", type=float, default=None, help="open loop: Poisson arrivals, requests per second")
     sim.add_argument("--num-requests", type=int, default=None, help="requests to simulate (default: the traces' count)")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--save-acceptance", default=None, metavar="FILE",
+                     help="after a goodput run, save its learned acceptance prior and calibration here; saved "
+                          "as PROFILE's `<name>.acceptance.json`, `--profile auto` starts goodput from it")
     sim.add_argument("--max-k", type=int, default=16, help="cap on any k, as the engine's max_k")
     sim.add_argument("--prefill-seconds-per-token", type=float, default=0.0,
                      help="charge this per prompt token at admission (0: decode-only tokens/s; profiles do not "
@@ -72,6 +76,10 @@ def run_simulate(args) -> int:
         raise ValueError(str(error)) from None
     batch = args.batch_size if args.batch_size is not None else (64 if args.rate is not None else 1)
     policies = [p.strip() for p in (args.policies or "").split(",") if p.strip()] or [args.policy]
+    if args.save_acceptance:
+        if args.policies or args.rate is not None:
+            raise ValueError("--save-acceptance takes one goodput --policy, closed loop")
+        policies = [_learning_policy(args.policy, profile)]
     reports = []
     for policy in policies:
         try:
@@ -91,6 +99,13 @@ def run_simulate(args) -> int:
                          "rate": args.rate, "runs": reports,
                          "tokens_per_s": {r["policy"]: r["tokens_per_s"] for r in reports}})
         return 0
+    if args.save_acceptance:
+        from ..profiling.profile_file import save_acceptance
+
+        saved = save_acceptance(args.save_acceptance, policies[0].state(),
+                                {"traces": [Path(t).name for t in args.trace], "profile": profile.get("name"),
+                                 "policy": report["policy"], "batch_size": batch, "seed": args.seed})
+        print(f"[acceptance state saved: {saved}]", file=sys.stderr)
     lat = ", ".join(f"p{q} {report[f'latency_p{q}']:.3f}s" for q in (50, 90, 99) if report.get(f"latency_p{q}") is not None)
     print(f"{report['policy']} batch={batch}{' rate=' + str(args.rate) if args.rate else ''}: "
           f"{report['tokens_per_s']} tokens/s over {report['num_requests']} requests"
@@ -99,6 +114,17 @@ def run_simulate(args) -> int:
           f"k histogram {report['k_histogram']}", file=sys.stderr)
     print_json_line(report)
     return 0
+
+
+def _learning_policy(spec: str, profile: dict):
+    """The policy object of a --save-acceptance run: it must have a state to save."""
+    from ..control import make_policy
+    from ..simulation.simulator import cost_model_from
+
+    policy = make_policy(spec, cost_model=cost_model_from(profile))
+    if not hasattr(policy, "state"):
+        raise ValueError(f"--save-acceptance needs a policy that learns acceptance (goodput), not {spec!r}")
+    return policy
 
 
 def _print_table(reports: list[dict]) -> None:

@@ -65,6 +65,7 @@ class ConfidenceCalibration:
     # Prequential quality: squared errors and outcomes per predicted-probability decile.
     outcomes: int = 0
     squared_error: float = 0.0
+    raw_squared_error: float = 0.0  # the same, reading the confidence itself as the probability
     bins_predicted: list[float] = field(default_factory=lambda: [0.0] * 10)
     bins_accepted: list[float] = field(default_factory=lambda: [0.0] * 10)
     bins_count: list[int] = field(default_factory=lambda: [0] * 10)
@@ -89,7 +90,7 @@ class ConfidenceCalibration:
     def update(self, confidence: float, position: int, accepted: bool, offset: RequestOffset | None = None) -> None:
         """Learn one outcome: the draft at `position` with this confidence was accepted or not."""
         predicted = self.predict(confidence, position, offset)
-        self._score(predicted, accepted)
+        self._score(predicted, accepted, confidence)
         j = min(position, self.positions - 1)
         x = _logit(confidence)
         residual = (1.0 if accepted else 0.0) - predicted
@@ -105,10 +106,11 @@ class ConfidenceCalibration:
             offset.value = shrunk + _clip(residual / offset.information)
 
     # --- quality -------------------------------------------------------------------------------
-    def _score(self, predicted: float, accepted: bool) -> None:
+    def _score(self, predicted: float, accepted: bool, confidence: float) -> None:
         y = 1.0 if accepted else 0.0
         self.outcomes += 1
         self.squared_error += (predicted - y) ** 2
+        self.raw_squared_error += (confidence - y) ** 2
         b = min(int(predicted * 10), 9)
         self.bins_predicted[b] += predicted
         self.bins_accepted[b] += y
@@ -119,6 +121,13 @@ class ConfidenceCalibration:
         """Mean squared error of the predictions made before each outcome (0 = perfect; a
         constant 0.5 scores 0.25)."""
         return self.squared_error / self.outcomes if self.outcomes else None
+
+    def report(self) -> dict:
+        """Prequential quality for reports: the fit's Brier score, the raw confidence's, and the
+        reliability table."""
+        raw = self.raw_squared_error / self.outcomes if self.outcomes else None
+        return {"outcomes": self.outcomes, "brier": _round(self.brier), "brier_raw_confidence": _round(raw),
+                "reliability": self.reliability()}
 
     def reliability(self) -> list[dict]:
         """Per predicted-probability decile: outcomes, mean prediction, observed acceptance."""
@@ -152,3 +161,7 @@ class ConfidenceCalibration:
 
 def _clip(step: float) -> float:
     return max(-_STEP_CLIP, min(_STEP_CLIP, step))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -518,6 +518,9 @@ class CostModel:
             raise ValueError("window, cell_window and min_cell_obs must be >= 1")
         self.source = source
         self.is_default = False  # True for CostModel.default(): a generic shape, not a measurement
+        # Acceptance learned with these models before (saved beside the profile; see
+        # `profiling.profile_file.load_acceptance`): a policy that learns acceptance may start from it.
+        self.warm_start: dict | None = None
         self.catchup_tokens = float(catchup_tokens)
         if monotone not in MONOTONE_MODES:
             raise ValueError(f"monotone must be one of {MONOTONE_MODES}, got {monotone!r}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable
@@ -33,7 +34,14 @@ SHIPPED_PRESETS = data_dir("policies")
 def _goodput(params: dict, cost_model: StepCost | Callable[[], StepCost | None] | None) -> GoodputPolicy:
     if callable(cost_model) and not hasattr(cost_model, "step_seconds_table"):
         cost_model = cost_model()  # a factory: only a policy that needs costs pays for loading them
-    return GoodputPolicy(cost_model or CostModel.default(), _build(GoodputConfig, params, "goodput"))
+    policy = GoodputPolicy(cost_model or CostModel.default(), _build(GoodputConfig, params, "goodput"))
+    warm_start = getattr(cost_model, "warm_start", None)
+    if warm_start:
+        try:
+            policy.load_state(warm_start)
+        except ValueError as error:  # an optimisation only: start from the usual prior instead
+            warnings.warn(f"goodput: ignoring the saved acceptance state ({error})", stacklevel=2)
+    return policy
 
 
 KINDS: dict[str, Callable[[dict, StepCost | None], Policy]] = {

@@ -45,10 +45,12 @@ def load_model(name: str, precision: str = "float32", progress: bool = True):
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """Dynamic int8 quantisation of every Linear layer (CPU). torch 2.13 marks the quantised-tensor
-    constructors deprecated; until its replacement covers dynamic CPU quantisation, say nothing."""
+    """Dynamic int8 quantisation of every Linear layer (CPU). torch 2.13 marks `torch.ao.quantization`
+    and the quantised-tensor constructors deprecated (their successor lives in the separate torchao
+    package) but still ships them; the project pins torch, so the warnings are silenced here."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*torch.ao.quantization.*", category=DeprecationWarning)
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 

@@ -353,3 +353,36 @@ def load_cost_model(path: str | os.PathLike, target: Any = None, draft: Any = No
         return CostModel.from_profile(profile, **options)
     except ValueError as error:
         raise ProfileError(f"profile {str(path)!r} cannot give a cost model: {error}") from None
+
+
+# --- acceptance learned with a profile's models (the goodput policy's warm start) ---------------
+ACCEPTANCE_FORMAT = "adaptive-spec-acceptance"
+
+
+def acceptance_path(profile_path: str | os.PathLike) -> Path:
+    """Where a profile's acceptance state lives: beside it, `<name>.acceptance.json`."""
+    path = Path(profile_path)
+    return path.with_name(path.stem + ".acceptance.json")
+
+
+def save_acceptance(path: str | os.PathLike, state: Mapping[str, Any], source: Mapping[str, Any]) -> Path:
+    document = {"format": ACCEPTANCE_FORMAT, "schema_version": 1, "source": dict(source), "goodput": dict(state)}
+    path = Path(path)
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    return path
+
+
+def load_acceptance(path: str | os.PathLike) -> dict | None:
+    """The saved goodput state, None when there is no file; a malformed one warns and is ignored
+    (a warm start is an optimisation: the policy then learns from its usual prior)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text())
+        if document.get("format") != ACCEPTANCE_FORMAT or not isinstance(document.get("goodput"), dict):
+            raise ValueError(f"not an {ACCEPTANCE_FORMAT} document")
+        return document["goodput"]
+    except (OSError, ValueError, AttributeError) as error:
+        warnings.warn(f"ignoring acceptance state {str(path)!r}: {error}", stacklevel=2)
+        return None

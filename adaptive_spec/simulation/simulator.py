@@ -191,6 +191,9 @@ def simulate(
         policy_obj = ConfidenceOraclePolicy({s.rid: (s.trace.prompt_length, s.trace.accept_prob) for s in sims},
                                             lambda b, c, k: clock.step(b, c, k)[2])
     report = _loop(sims, clock, policy_obj, batch_size, rate, seed, max_k)
+    calibration = getattr(policy_obj, "calibration", None)
+    if calibration is not None and hasattr(calibration, "report"):
+        extra["calibration"] = calibration.report()  # predictions made before each outcome
     report.update(extra)
     report["wall_seconds"] = round(time.perf_counter() - started, 4)
     return {**base, **report}
