@@ -13,14 +13,19 @@ step's cost follows K; `cost_model` gives step_seconds from a measured profile, 
    may draft up to `max_k` (its cap), and decision 2 ends the draft. A host that cannot stop a
    draft inside the step (`host_stops_drafts` False, e.g. the vLLM plug-in) gets the best K.
 2. Inside the step (`keep_drafting`, called at each draft position with each drafting row's draft
-   confidence): one more draft or stop. A row's chance that every draft so far survives is the
+   confidence, after the forward that produced it): drop that draft and stop, keep it and stop
+   (KEEP_LAST: no further forward), or keep it and draft on. A row's chance that every draft so far survives is the
    product of its calibrated acceptance probabilities (`calibration.py`: a logistic fit of the
    draft's confidence, shared by the drafter's requests, with a per-request offset); positions
    not drafted yet use the estimator's rates. Every final length J from the current position to
    the largest k is compared, not just the next one: on CPUs verify cost is not monotone in K (a
    3-draft verify can be cheaper than a 2-draft one), and stopping at the first knee would miss the
-   cheaper length behind it. The forwards already run are part of every option's cost. Rows whose
-   survival falls below `min_row_survival` stop alone (a row of padding costs the draft nothing).
+   cheaper length behind it. The forwards already run are part of every option's cost. Once steps
+   have been timed, options are scored as expected tokens minus (recent tokens/s) x seconds, the
+   long-run form of the same objective: a ratio within one step would count its sunk draft time
+   against stopping and keep drafting past the point where the time earns more in the next step.
+   Rows whose survival falls below `min_row_survival` stop alone (a row of padding costs the draft
+   nothing).
 
 K = 0 is never absorbing:
 - evidence ages while a request does not draft (estimator decay), so its optimism grows back;
@@ -206,8 +211,8 @@ class GoodputPolicy(PolicyBase):
 
     def _best_ending(self, position: int, shown: list[tuple[_Row, float]]) -> bool | int:
         """Drop the draft at `position` (False), keep it and stop (KEEP_LAST), or draft on (True):
-        whichever ending J of the step (J = position, position + 1, or any longer) has the best
-        expected goodput. The forwards run so far are paid whatever J is."""
+        whichever ending J of the step (J = position, position + 1, or any longer) is worth most.
+        The forwards run so far are paid whatever J is."""
         top = min(max(row.limit for row, _ in shown), len(self._costs) - 1)
         fixed = sum(row.expected for row in self._step if not row.drafting) + sum(row.expected for row, _ in shown)
         # added[e]: expected tokens the shown rows add by keeping e drafts from `position` on.
