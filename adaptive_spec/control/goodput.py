@@ -143,7 +143,7 @@ class GoodputPolicy(PolicyBase):
         self._costs: list[float] = []  # step_seconds per K for the step being drafted
         self._batch: tuple[int, float] = (1, 0.0)  # its batch size and context
         self.last_goodput: list[float] = []  # goodput per K at the last choice, for inspection
-        self.rate_ema: float | None = None  # tokens/s of recent steps
+        self.rate_ema: float | None = None  # tokens per predicted second of recent steps
 
     # --- decision 1: draft at all? -----------------------------------------------------------
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
@@ -245,10 +245,14 @@ class GoodputPolicy(PolicyBase):
 
     # --- learning ----------------------------------------------------------------------------
     def observe(self, record: StepRecord) -> None:
+        # The rate is in the cost model's seconds (its prediction for the step just run), the unit
+        # the in-step rule compares it with; the model itself follows the measured times.
+        if self._costs and record.outcomes:
+            predicted = self._costs[min(record.batch_k, len(self._costs) - 1)]
+            if predicted > 0:
+                rate = sum(o.emitted for o in record.outcomes) / predicted
+                self.rate_ema = rate if self.rate_ema is None else 0.9 * self.rate_ema + 0.1 * rate
         self.cost_model.observe(record)
-        if record.total_seconds > 0 and record.outcomes:
-            rate = sum(o.emitted for o in record.outcomes) / record.total_seconds
-            self.rate_ema = rate if self.rate_ema is None else 0.9 * self.rate_ema + 0.1 * rate
         step = dict(zip(self._step_ids, self._step))
         for outcome in record.outcomes:
             state = self._requests.get(outcome.request_id)
