@@ -204,3 +204,23 @@ def test_bad_presets_are_clear_errors(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         make_policy(str(path))
+
+
+def test_run_stop_rule_shows_each_row_until_its_k_its_end_or_the_rules_stop():
+    """Row 0 drafts on to its k = 3; row 1 is told KEEP_LAST at position 1; row 2 is dropped at
+    position 0; row 3 has no confidence past position 0 (its trace ended); row 4 has k = 0."""
+    from adaptive_spec.control.policy import KEEP_LAST, run_stop_rule
+
+    seen = []
+
+    def rule(position, shown):
+        seen.append((position, list(shown)))
+        return [True, KEEP_LAST if position == 1 else True, False, True, False][: len(shown)]
+
+    def confidence(row, position):
+        return None if row == 3 and position > 0 else 0.5
+
+    kept, positions = run_stop_rule(rule, [3, 4, 2, 4, 0], confidence)
+    assert kept == [3, 2, 0, 1, 0] and positions == 3
+    assert seen == [(0, [0.5, 0.5, 0.5, 0.5, None]), (1, [0.5, 0.5, None, None, None]),
+                    (2, [0.5, None, None, None, None])]

@@ -52,11 +52,9 @@ def _strip(report):
 
 # ----------------------------------------------------------------------------- replay math
 
-def test_leading_runs_and_next_below():
+def test_leading_runs():
     accepted = np.array([1, 1, 0, 1, 1, 1, 0, 0, 1], dtype=bool)
     assert replay.leading_runs(accepted).tolist() == [2, 1, 0, 3, 2, 1, 0, 0, 1]
-    conf = np.array([0.9, 0.2, 0.8, 0.8, 0.1])
-    assert replay.next_below(conf, 0.5).tolist() == [1, 1, 4, 4, 4]
 
 
 @pytest.mark.parametrize("alpha", [0.5, 0.8])

@@ -12,8 +12,8 @@ import argparse
 import random
 import time
 
-from ..control import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, adopt_stop_rule, ask_stop_rule,
-                       make_policy)
+from ..control import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, adopt_stop_rule, make_policy,
+                       run_stop_rule)
 from .common import print_json_line
 
 
@@ -60,15 +60,15 @@ def run_policy_cost(args) -> int:
 def _draft_with(stop_rule, ks: list[int], rng: random.Random) -> tuple[list[int], float]:
     """Ask the stop rule at each position as the engine's draft loop does: (kept k per row, seconds
     spent inside the rule)."""
-    kept, drafting, seconds = [0] * len(ks), [k > 0 for k in ks], 0.0
-    for position in range(max(ks)):
-        shown = [rng.uniform(0.3, 1.0) if drafting[i] and position < k else None for i, k in enumerate(ks)]
-        if not any(c is not None for c in shown):
-            break
+    seconds = 0.0
+
+    def timed(position, shown):
+        nonlocal seconds
         started = time.perf_counter()
-        answers = ask_stop_rule(stop_rule, position, shown)
-        seconds += time.perf_counter() - started
-        for i, answer in enumerate(answers):  # 0 drop and stop, 1 keep and go on, 2 keep and stop
-            kept[i] += answer > 0
-            drafting[i] = answer == 1
+        try:
+            return stop_rule(position, shown)
+        finally:
+            seconds += time.perf_counter() - started
+
+    kept, _ = run_stop_rule(timed, ks, lambda row, position: rng.uniform(0.3, 1.0))
     return kept, seconds

@@ -168,6 +168,24 @@ def ask_stop_rule(rule: StopRule, position: int, confidences: Sequence[float | N
     return [int(a) if c is not None else 0 for a, c in zip(answer, confidences)]
 
 
+def run_stop_rule(rule: StopRule, ks: Sequence[int],
+                  confidence: Callable[[int, int], float | None]) -> tuple[list[int], int]:
+    """A draft loop without a model, for hosts that replay or imitate drafting: asks `rule` at each
+    position, showing row i the value `confidence(i, position)` while it still drafts (None ends
+    that row: no draft there). Returns (drafts kept per row, positions the loop ran)."""
+    kept, drafting, positions = [0] * len(ks), [k > 0 for k in ks], 0
+    for position in range(max(ks, default=0)):
+        shown = [confidence(row, position) if drafting[row] and position < k else None for row, k in enumerate(ks)]
+        drafting = [c is not None for c in shown]
+        if not any(drafting):
+            break
+        positions += 1
+        for row, answer in enumerate(ask_stop_rule(rule, position, shown)):
+            kept[row] += answer > 0
+            drafting[row] = answer == 1  # KEEP_LAST keeps this draft and stops
+    return kept, positions
+
+
 def choose_ks(policy: Policy, views: Sequence[RequestView]) -> list[int]:
     """Ask the policy for each request's k, validate, and clamp to [0, view.max_k].
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["uniforms", "realise", "leading_runs", "next_below", "step", "expected_emitted_iid"]
+__all__ = ["uniforms", "realise", "leading_runs", "step", "expected_emitted_iid"]
 
 
 def uniforms(seed: int, index: int, n: int) -> np.ndarray:
@@ -55,14 +55,6 @@ def leading_runs(accepted: np.ndarray) -> np.ndarray:
     blocked = np.where(accepted, n, index)
     next_rejected = np.minimum.accumulate(blocked[::-1])[::-1]
     return (next_rejected - index).astype(np.int64)
-
-
-def next_below(confidence: np.ndarray, threshold: float) -> np.ndarray:
-    """stop[t] = the first position >= t whose confidence is below `threshold` (n if none)."""
-    n = len(confidence)
-    index = np.arange(n)
-    marked = np.where(confidence < threshold, index, n)
-    return np.minimum.accumulate(marked[::-1])[::-1].astype(np.int64)
 
 
 def step(run: np.ndarray, t: int, k: int, n: int) -> tuple[int, int, int]:

@@ -53,7 +53,7 @@ import numpy as np
 
 from ..control.cost_model import CostModel
 from ..control.policy import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, StopRule, adopt_stop_rule,
-                              ask_stop_rule, choose_ks, mean_acceptance_length)
+                              choose_ks, mean_acceptance_length, run_stop_rule)
 from ..control.registry import make_policy
 from . import replay
 from .ceilings import ConfidenceOraclePolicy, request_static_policy
@@ -120,22 +120,12 @@ def _requests(traces: Sequence[RequestTrace], num_requests: int, seed: int) -> l
 def _stop_inside(rule: StopRule, running: list[_Sim], ks: list[int]) -> tuple[list[int], int]:
     """The draft loop with a policy's in-step rule, on the trace's recorded confidences:
     (drafts kept per row, positions the loop evaluated)."""
-    kept = [0] * len(ks)
-    drafting = [k > 0 for k in ks]
-    positions = 0
-    for position in range(max(ks)):
-        shown = []
-        for row, (sim, k) in enumerate(zip(running, ks)):
-            j = sim.t + position
-            drafting[row] = drafting[row] and position < k and j < sim.trace.length
-            shown.append(float(sim.trace.draft_confidence[j]) if drafting[row] else None)
-        if not any(drafting):
-            break
-        positions += 1
-        for row, answer in enumerate(ask_stop_rule(rule, position, shown)):
-            kept[row] += answer > 0
-            drafting[row] = answer == 1  # KEEP_LAST (2) keeps this draft and stops
-    return kept, positions
+
+    def confidence(row: int, position: int) -> float | None:
+        sim, j = running[row], running[row].t + position
+        return float(sim.trace.draft_confidence[j]) if j < sim.trace.length else None
+
+    return run_stop_rule(rule, ks, confidence)
 
 
 def simulate(

@@ -134,3 +134,31 @@ def test_a_reused_vllm_request_id_reaches_the_policy_under_a_fresh_key():
     controller.choose(request)  # a new request under the same id
     assert seen[0] == seen[1] and seen[2] != seen[0]
     assert controller.draft_length("a") == 2  # the plug-in still speaks vLLM's ids
+
+
+def test_bench_figures_per_workload_and_ratios_to_the_best_static_configuration():
+    """Batch 1: per-workload speed is tokens over the requests' own seconds; the best static
+    configuration is chosen per scope (overall, and per workload) among vllm-off and vllm-static:K."""
+    from types import SimpleNamespace
+
+    from adaptive_spec.integrations.vllm.bench import RequestTiming, _add_ratios, _summary
+
+    def request(workload, seconds, tokens=10):
+        return RequestTiming(0.0, workload, [seconds * (i + 1) / tokens for i in range(tokens)],
+                             [seconds * (i + 1) / tokens for i in range(tokens)])
+
+    def run(config, code_seconds, prose_seconds):
+        return _summary(config, 0.0, [request("humaneval", code_seconds), request("sharegpt", prose_seconds)],
+                        None if config == "vllm-off" else SimpleNamespace(stats=None), rate=0)
+
+    rows = [run("vllm-off", 4.0, 4.0), run("vllm-static:3", 2.0, 8.0), run("goodput", 2.0, 4.0)]
+    _add_ratios(rows)
+    off, static, goodput = rows
+    assert off["workloads"]["humaneval"]["tokens_per_request_s"] == 2.5
+    assert static["tokens_per_s"] == 2.0 and off["tokens_per_s"] == 2.5  # 20 tokens in 10 s, in 8 s
+    assert goodput["best_static"] == "vllm-off" and goodput["ratio_to_best_static"] == pytest.approx(20 / 6 / 2.5, abs=1e-3)
+    assert goodput["workloads"]["humaneval"]["best_static"] == "vllm-static:3"
+    assert goodput["workloads"]["humaneval"]["ratio_to_best_static"] == 1.0
+    assert goodput["workloads"]["sharegpt"]["best_static"] == "vllm-off"
+    assert goodput["workloads"]["sharegpt"]["ratio_to_vllm_off"] == 1.0
+    assert static["workloads"]["sharegpt"]["ratio_to_best_static"] == 0.5

@@ -46,6 +46,7 @@ DEFAULT_CONFIGS = "vllm-off,vllm-static:3,vllm-static:5,vllm-table,goodput"
 @dataclass
 class RequestTiming:
     arrival: float
+    workload: str = ""  # the prompt's source (humaneval, sharegpt, ...)
     token_times: list[float] = field(default_factory=list)  # one entry per emitted token
     event_times: list[float] = field(default_factory=list)  # one entry per step that emitted tokens
 
@@ -82,6 +83,7 @@ def run_vllm_bench(args, prompts) -> int:
                   prefix_caching=False)
     tokenizer = _tokenizer(base.target)
     prompt_ids = [encode_prompt(tokenizer, p, chat=not args.no_chat) for p in prompts]
+    args.workloads = [p.source for p in prompts]
     trace = _arrivals(args.rate, args.num_requests or len(prompt_ids), args.seed)
     rows = []
     if "vllm-off" in configs:
@@ -126,20 +128,27 @@ def _run_configs(llm, configs, prompt_ids, trace, temperatures, args) -> list[di
             for index, ids in enumerate(prompt_ids):
                 for config in configs:
                     _activate(scheduler, config, controllers[config])
-                    results[config] += _run(llm, [ids], [0.0], temperature, args.max_new_tokens, args.seed + index)
+                    results[config] += _run(llm, [ids], [0.0], temperature, args.max_new_tokens, args.seed + index,
+                                            [_workload(args, index)])
                 print(f"[t={temperature} prompt {index + 1}/{len(prompt_ids)} done]", file=sys.stderr)
         else:
             requests = [prompt_ids[i % len(prompt_ids)] for i in range(len(trace))]
+            labels = [_workload(args, i % len(prompt_ids)) for i in range(len(trace))]
             for config in configs:
                 _activate(scheduler, config, controllers[config])
-                results[config] = _run(llm, requests, trace, temperature, args.max_new_tokens, args.seed)
+                results[config] = _run(llm, requests, trace, temperature, args.max_new_tokens, args.seed, labels)
                 print(f"[{config} t={temperature} trace done]", file=sys.stderr)
         for config in configs:
             rows.append(_summary(config, temperature, results[config], controllers[config], args.rate))
     return rows
 
 
-def _run(llm, prompts, arrivals, temperature, max_tokens, seed) -> list[RequestTiming]:
+def _workload(args, index: int) -> str:
+    workloads = getattr(args, "workloads", None)
+    return workloads[index] if workloads else ""
+
+
+def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> list[RequestTiming]:
     """Feed requests at their arrival offsets through vLLM's engine loop; time-stamp every token."""
     from vllm import SamplingParams
 
@@ -156,7 +165,7 @@ def _run(llm, prompts, arrivals, temperature, max_tokens, seed) -> list[RequestT
             i = pending.pop(0)
             request_id = f"bench-{time.monotonic_ns()}-{i}"
             engine.add_request(request_id, {"prompt_token_ids": prompts[i]}, params[i])
-            timings[request_id] = RequestTiming(start + arrivals[i])
+            timings[request_id] = RequestTiming(start + arrivals[i], labels[i] if labels else "")
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, min(arrivals[pending[0]] - now, 0.05)))
             continue
@@ -196,45 +205,98 @@ def _summary(config, temperature, timings, controller, rate) -> dict:
     if rate > 0:
         seconds = max(t.token_times[-1] for t in timings if t.token_times) - min(t.arrival for t in timings)
     else:  # batch 1: the sum of the requests' own times
-        seconds = sum(t.token_times[-1] - t.arrival for t in timings if t.token_times)
-    ttft = [t.token_times[0] - t.arrival for t in timings if t.token_times]
-    tpot = [(t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) for t in timings if len(t.token_times) > 1]
-    itl = [b - a for t in timings for a, b in zip(t.event_times, t.event_times[1:])]
+        seconds = sum(_request_seconds(t) for t in timings)
     stats = controller.stats if controller is not None else None
     drafted, accepted = (stats.drafted, stats.accepted) if stats else (0, 0)
     steps = sum(stats.verified_histogram.values()) if stats else 0
     row = {"config": config, "temperature": temperature, "regime": f"poisson@{rate}/s" if rate > 0 else "batch-1",
            "requests": len(timings), "tokens": tokens, "seconds": round(seconds, 3),
-           "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None}
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl)):
-        if values:
-            row[f"{name}_p50_ms"] = round(1000 * float(np.percentile(values, 50)), 1)
-            row[f"{name}_p99_ms"] = round(1000 * float(np.percentile(values, 99)), 1)
+           "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None, **_latencies(timings)}
     if drafted:
         row["acceptance_rate"] = round(accepted / drafted, 4)
     if steps:
         row["mean_acceptance_length"] = round((accepted + steps) / steps, 4)
+    workloads = sorted({t.workload for t in timings if t.workload})
+    if len(workloads) > 1:
+        # Per workload, tokens per second of the requests' own time (arrival to last token): at batch 1
+        # the same measure as tokens_per_s; under load, how fast that workload's requests were served.
+        row["workloads"] = {}
+        for workload in workloads:
+            mine = [t for t in timings if t.workload == workload]
+            own = sum(_request_seconds(t) for t in mine)
+            count = sum(len(t.token_times) for t in mine)
+            row["workloads"][workload] = {"requests": len(mine), "tokens": count,
+                                          "tokens_per_request_s": round(count / own, 3) if own > 0 else None,
+                                          **_latencies(mine, ("tpot",))}
     return row
 
 
+def _request_seconds(timing: RequestTiming) -> float:
+    return timing.token_times[-1] - timing.arrival if timing.token_times else 0.0
+
+
+def _latencies(timings, names=("ttft", "tpot", "itl")) -> dict:
+    values = {
+        "ttft": [t.token_times[0] - t.arrival for t in timings if t.token_times],
+        "tpot": [(t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1)
+                 for t in timings if len(t.token_times) > 1],
+        "itl": [b - a for t in timings for a, b in zip(t.event_times, t.event_times[1:])],
+    }
+    out = {}
+    for name in names:
+        if values[name]:
+            out[f"{name}_p50_ms"] = round(1000 * float(np.percentile(values[name], 50)), 1)
+            out[f"{name}_p99_ms"] = round(1000 * float(np.percentile(values[name], 99)), 1)
+    return out
+
+
 def _add_ratios(rows) -> None:
-    base = {r["temperature"]: r["tokens_per_s"] for r in rows if r["config"] == "vllm-off"}
-    for row in rows:
-        if base.get(row["temperature"]) and row["tokens_per_s"]:
-            row["ratio_to_vllm_off"] = round(row["tokens_per_s"] / base[row["temperature"]], 3)
+    """Ratios to vLLM without speculation and to the best static configuration (vllm-off and every
+    vllm-static:K run), overall and per workload, at each temperature."""
+    static = [r for r in rows if r["config"] == "vllm-off" or r["config"].startswith("vllm-static:")]
+    for temperature in {r["temperature"] for r in rows}:
+        here = [r for r in rows if r["temperature"] == temperature]
+        off = next((r for r in here if r["config"] == "vllm-off"), None)
+        statics = [r for r in static if r["temperature"] == temperature and r["tokens_per_s"]]
+        best = max(statics, key=lambda r: r["tokens_per_s"], default=None)
+        for row in here:
+            if not row["tokens_per_s"]:
+                continue
+            if off and off["tokens_per_s"]:
+                row["ratio_to_vllm_off"] = round(row["tokens_per_s"] / off["tokens_per_s"], 3)
+            if best:
+                row["best_static"] = best["config"]
+                row["ratio_to_best_static"] = round(row["tokens_per_s"] / best["tokens_per_s"], 3)
+            for workload, figures in row.get("workloads", {}).items():
+                speed = figures["tokens_per_request_s"]
+                mine = {r["config"]: r["workloads"][workload]["tokens_per_request_s"]
+                        for r in statics if workload in r.get("workloads", {})}
+                if speed and off and mine.get("vllm-off"):
+                    figures["ratio_to_vllm_off"] = round(speed / mine["vllm-off"], 3)
+                if speed and mine:
+                    name = max(mine, key=lambda c: mine[c] or 0)
+                    if mine[name]:
+                        figures["best_static"] = name
+                        figures["ratio_to_best_static"] = round(speed / mine[name], 3)
 
 
 def _print_table(rows) -> None:
-    header = (f"{'temp':>5} {'config':<16} {'tokens':>7} {'tok/s':>8} {'x off':>6} {'TTFT50':>7} {'TPOT50':>7} "
-              f"{'TPOT99':>7} {'ITL50':>7} {'ITL99':>7} {'accept':>7}")
+    columns = (("x off", "ratio_to_vllm_off", 6), ("x best", "ratio_to_best_static", 6), ("TTFT50", "ttft_p50_ms", 7),
+               ("TPOT50", "tpot_p50_ms", 7), ("TPOT99", "tpot_p99_ms", 7), ("ITL50", "itl_p50_ms", 7),
+               ("ITL99", "itl_p99_ms", 7), ("accept", "acceptance_rate", 7))
+    header = f"{'temp':>5} {'config':<16} {'tokens':>7} {'tok/s':>8} " + " ".join(f"{t:>{w}}" for t, _, w in columns)
     print(header)
     print("-" * len(header))
+
+    def line(temperature, name, tokens, speed, figures):
+        cells = " ".join(f"{figures[key]:>{w}.2f}" if isinstance(figures.get(key), (int, float)) else f"{'-':>{w}}"
+                         for _, key, w in columns)
+        print(f"{temperature:>5} {name:<16} {tokens:>7} {speed or 0:>8.2f} {cells}")
+
     for r in rows:
-        cells = [r.get(k) for k in ("ratio_to_vllm_off", "ttft_p50_ms", "tpot_p50_ms", "tpot_p99_ms",
-                                    "itl_p50_ms", "itl_p99_ms", "acceptance_rate")]
-        print(f"{r['temperature']:>5} {r['config']:<16} {r['tokens']:>7} {r['tokens_per_s'] or 0:>8.2f} "
-              + " ".join(f"{c:>{w}.2f}" if isinstance(c, (int, float)) else f"{'-':>{w}}"
-                         for c, w in zip(cells, (6, 7, 7, 7, 7, 7, 7))))
+        line(r["temperature"], r["config"], r["tokens"], r["tokens_per_s"], r)
+        for workload, figures in r.get("workloads", {}).items():  # tok/s here: per request-second
+            line("", f"  {workload}", figures["tokens"], figures["tokens_per_request_s"], figures)
 
 
 def _profile_path(args) -> str | None:
