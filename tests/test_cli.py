@@ -209,3 +209,19 @@ def test_bench_bad_mix_or_batch_size_is_a_clear_error(tiny_model_dirs, capsys, o
     target, draft, _ = tiny_model_dirs
     assert main(["bench", "--target", target, "--draft", draft, *options]) == 2
     assert problem in capsys.readouterr().err
+
+
+def test_policy_cost_times_choose_the_in_step_rule_and_observe(monkeypatch, capsys):
+    """The report covers each batch size, and for goodput the in-step rule really ran: the rule is
+    called at least once per step that drafts (a cost that skips it would understate the decision)."""
+    from adaptive_spec.control import GoodputPolicy
+
+    calls = []
+    original = GoodputPolicy.keep_drafting
+    monkeypatch.setattr(GoodputPolicy, "keep_drafting",
+                        lambda self, position, shown: calls.append(position) or original(self, position, shown))
+    assert main(["policy-cost", "--policy", "goodput", "--batch-sizes", "1,4", "--steps", "40"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(report["us_per_request_per_step"]) == {"1", "4"}
+    assert all(us > 0 for us in report["us_per_request_per_step"].values())
+    assert calls.count(0) >= 40  # at 70% acceptance goodput drafts in (nearly) every step

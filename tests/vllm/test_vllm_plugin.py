@@ -76,9 +76,12 @@ class FailsEveryOtherCall(StaticPolicy):
         return super().choose(requests)
 
 
-def install(engines, policy, cost_model=None) -> AdaptiveScheduler:
+def install(engines, policy, cost_model=None, sampled_speculation=False) -> AdaptiveScheduler:
+    """The module's engine with `policy` in its scheduler (one engine serves every test, so each
+    test states the sampling guard it runs under: False is the CPU platform's default)."""
     scheduler = scheduler_of(engines.get(NGRAM))
     scheduler.use_controller(SpecController(policy, cost_model))
+    scheduler.sampled_speculation = sampled_speculation
     return scheduler
 
 
@@ -115,7 +118,7 @@ def test_speculation_turns_off_on_prose_and_comes_back_when_it_pays(engines):
     could draft; on a copying task the same policy object drafts again and its drafts are accepted."""
     cost_model = CostModel.default()
     policy = Recording(make_policy("goodput", cost_model))
-    install(engines, policy, cost_model)
+    install(engines, policy, cost_model, sampled_speculation=True)  # about the policy, not the CPU guard
     prose = ["The history of the city begins with", "My favourite memory of summer is",
              "Scientists have recently discovered that", "In the quiet village, the old baker"]
     engines.get(NGRAM).generate(prose, SamplingParams(temperature=1.0, max_tokens=96, seed=1))
@@ -131,22 +134,25 @@ def test_speculation_turns_off_on_prose_and_comes_back_when_it_pays(engines):
     assert accepted >= 4, "speculation did not come back where it pays"
 
 
-def test_sampled_outputs_with_a_seed_are_reproducible_and_equal_vllms_own(engines):
-    """With a seed, two runs through the plug-in give the same tokens, and the same as vLLM without
-    speculation, when the policy drafts nothing (k = 0 every step).
-
-    Where drafts are verified this cannot be asserted token for token: vLLM 0.32's own speculative
-    sampling on CPU (its static k, no plug-in) gave different tokens for the same seeds in one of
-    three repeats here, while plain vLLM sampling repeated exactly; the plug-in only shortens drafts,
-    so its sampled outputs are as exact in distribution as vLLM's."""
+@pytest.mark.parametrize("policy", ["off", "static:3", "goodput"])
+def test_sampled_outputs_with_a_seed_equal_vllm_without_speculation_on_cpu(engines, policy):
+    """On CPU the plug-in gives sampled requests no drafts (vLLM 0.32's speculative sampling there
+    does not keep the output law), so with a seed, under any policy, two runs give the same tokens
+    as vLLM without speculation, token for token. Control: with the guard lifted the same drafting
+    policy does verify drafts, so it is the guard that keeps them out."""
     prompts, seeds = SAMPLED_PROMPTS, SAMPLED_SEEDS
     reference = engines.reference(SMALL_MODEL, prompts, 32, temperature=0.8, seeds=seeds)
     assert len({tuple(tokens) for tokens in reference}) == 2
     for _ in range(2):
-        scheduler = install(engines, make_policy("off"))
+        cost_model = CostModel.default()
+        scheduler = install(engines, make_policy(policy, cost_model), cost_model)
         outputs = engines.get(NGRAM).generate(list(prompts), sampling(2, 32, 0.8, seeds))
         assert [list(o.outputs[0].token_ids) for o in outputs] == reference
         assert scheduler.controller.stats.steps > 0 and scheduler.controller.stats.drafted == 0
+    if policy == "static:3":
+        scheduler = install(engines, make_policy("static:3"), sampled_speculation=True)
+        engines.get(NGRAM).generate([PROMPTS["repeat"]], sampling(1, 32, 0.8, (5,)))
+        assert scheduler.controller.stats.drafted > 0, "control: without the guard static:3 drafts"
 
 
 def test_a_failing_policy_runs_those_steps_without_speculation_and_corrupts_nothing(engines):
@@ -170,3 +176,12 @@ def test_a_failing_policy_runs_those_steps_without_speculation_and_corrupts_noth
             verified_next = policy.log[observes[step + 1]][1]
             assert all(k == 0 for _, k, _ in verified_next)
     assert failed_steps >= 3
+
+
+
+def test_the_sampling_guard_is_on_by_default_on_cpu(engines):
+    from vllm.platforms import current_platform
+
+    from adaptive_spec.integrations.vllm.scheduler import sampled_speculation_is_exact
+
+    assert current_platform.is_cpu() and sampled_speculation_is_exact() is False

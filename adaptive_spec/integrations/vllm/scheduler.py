@@ -14,6 +14,7 @@ Hooks used (vLLM 0.32, synchronous scheduling, which the CPU platform forces):
 - `update_from_output()`: what the step verified: drafts scheduled per request and tokens sampled
   (accepted drafts + one), and the step's wall time.
 The configured `num_speculative_tokens` is the cap on any k: vLLM sizes its buffers by it.
+On CPU, sampled requests get no drafts (`sampled_speculation_is_exact`).
 """
 
 from __future__ import annotations
@@ -43,10 +44,20 @@ def check_vllm_version(version: str) -> None:
 
 check_vllm_version(vllm.__version__)
 
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402  (after the fence on purpose)
+from vllm.platforms import current_platform  # noqa: E402  (after the fence on purpose)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # noqa: E402
 
 from .controller import ControllerSettings, RunningRequest, SpecController, VerifiedRequest  # noqa: E402
+
+
+def sampled_speculation_is_exact() -> bool:
+    """Whether this platform's vLLM keeps the output law when it verifies drafts of sampled
+    (temperature > 0) requests. Not on CPU: vLLM 0.32's CPU build there emitted garbled text from
+    draft-model drafts under its own static k, with no plug-in (acceptance 0.05-0.06 at temperature
+    0.7 against 0.67 greedy), so the plug-in gives sampled requests no drafts there: exact, at the
+    speed of k = 0. Greedy requests are unaffected (their outputs equal plain vLLM's)."""
+    return not current_platform.is_cpu()
 
 
 class AdaptiveScheduler(Scheduler):
@@ -64,6 +75,7 @@ class AdaptiveScheduler(Scheduler):
         policy, cost_model = ControllerSettings.from_environment().build()
         self.controller = SpecController(policy, cost_model)
         self.vllm_lookup: list[int] | None = None  # set by `use_vllm_schedule`: vLLM decides, we only record
+        self.sampled_speculation = sampled_speculation_is_exact()  # False: sampled requests get no drafts
         self._output_before: dict[str, int] = {}
 
     # --- switching between our controller and vLLM's own schedules (benchmarks) ------------------
@@ -133,8 +145,16 @@ class AdaptiveScheduler(Scheduler):
         token (this step emits at least one), and room for k drafts plus their bonus token."""
         remaining = request.max_tokens - request.num_output_tokens - 1
         room = self.max_model_len - request.num_tokens - 2
-        return RunningRequest(request.request_id, request.num_tokens + 1, remaining,
-                              min(self.num_spec_tokens, remaining - 1, room))
+        cap = min(self.num_spec_tokens, remaining - 1, room)
+        if not self.sampled_speculation and _samples(request):
+            cap = 0
+        return RunningRequest(request.request_id, request.num_tokens + 1, remaining, cap)
+
+
+def _samples(request) -> bool:
+    """The request samples (temperature above vLLM's greedy threshold) rather than decoding greedily."""
+    params = getattr(request, "sampling_params", None)
+    return params is not None and (params.temperature or 0.0) >= 1e-5  # vLLM's own threshold
 
 
 def scheduler_of(llm) -> AdaptiveScheduler:
