@@ -55,8 +55,11 @@ def sampled_speculation_is_exact() -> bool:
     """Whether this platform's vLLM keeps the output law when it verifies drafts of sampled
     (temperature > 0) requests. Not on CPU: vLLM 0.32's CPU build there emitted garbled text from
     draft-model drafts under its own static k, with no plug-in (acceptance 0.05-0.06 at temperature
-    0.7 against 0.67 greedy), so the plug-in gives sampled requests no drafts there: exact, at the
-    speed of k = 0. Greedy requests are unaffected (their outputs equal plain vLLM's)."""
+    0.7 against 0.67 greedy). Cause: its CPU `expand` kernel (`utils/cpu_triton_utils.py`) casts its
+    float output to an int64 copy, so the per-token temperatures the rejection sampler divides the
+    target logits by stay uninitialised memory; with a float-preserving expand the same run wrote
+    normal text. So the plug-in gives sampled requests no drafts there: exact, at the speed of k = 0.
+    Greedy requests never expand temperatures (their outputs equal plain vLLM's)."""
     return not current_platform.is_cpu()
 
 
