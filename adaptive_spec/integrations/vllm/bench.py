@@ -18,7 +18,10 @@ one seeded Poisson arrival trace at R requests/s through each configuration in t
 through vLLM's engine loop (`LLMEngine.add_request` / `step`) in this process, and every token is
 time-stamped when its step returns: TTFT = first token - arrival, TPOT = (last - first) / (tokens - 1),
 ITL = gaps between a request's successive steps that emitted tokens. Acceptance is counted by the
-scheduler plug-in in every speculative configuration. The last stdout line is one JSON document.
+scheduler plug-in in every speculative configuration. With more than one workload (HumanEval and
+ShareGPT prompts), each row also gives per-workload speed and TPOT, and every figure is compared with
+vllm-off and with the best static configuration (vllm-off or a vllm-static:K) in the same scope.
+The last stdout line is one JSON document.
 """
 
 from __future__ import annotations
