@@ -127,7 +127,11 @@ def test_speculation_turns_off_on_prose_and_comes_back_when_it_pays(engines):
         "speculation was never switched off on prose"
     turned_off_at = len(policy.log)
 
-    greedy(engines, prompts=(PROMPTS["repeat"],), max_tokens=32)
+    # Three copying requests in turn: the prose phase leaves the policy backed off by an amount that
+    # varies from run to run (vLLM's sampled speculation on CPU is not deterministic, see
+    # `sampled_speculation_is_exact`), and one short copy (about 10 tokens) can end before drafting resumes.
+    for _ in range(3):
+        greedy(engines, prompts=(PROMPTS["repeat"],), max_tokens=64)
     later = policy.log[turned_off_at:]
     assert any(max(entry[2], default=0) > 0 for entry in later if entry[0] == "choose")
     accepted = sum(accepted for entry in later if entry[0] == "observe" for _, _, accepted in entry[1])
