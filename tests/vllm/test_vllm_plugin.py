@@ -182,7 +182,6 @@ def test_a_failing_policy_runs_those_steps_without_speculation_and_corrupts_noth
     assert failed_steps >= 3
 
 
-
 def test_the_sampling_guard_is_on_by_default_on_cpu(engines):
     from vllm.platforms import current_platform
 

@@ -86,17 +86,17 @@ def run_vllm_bench(args, prompts) -> int:
                   prefix_caching=False)
     tokenizer = _tokenizer(base.target)
     prompt_ids = [encode_prompt(tokenizer, p, chat=not args.no_chat) for p in prompts]
-    args.workloads = [p.source for p in prompts]
+    workloads = [p.source for p in prompts]
     trace = _arrivals(args.rate, args.num_requests or len(prompt_ids), args.seed)
     rows = []
     if "vllm-off" in configs:
         llm = make_llm(EngineSpec(base.target, None, **common))
-        rows += _run_configs(llm, ["vllm-off"], prompt_ids, trace, temperatures, args)
+        rows += _run_configs(llm, ["vllm-off"], prompt_ids, workloads, trace, temperatures, args)
         del llm
         _collect()
     if speculative:
         llm = make_llm(EngineSpec(base.target, base.drafter, max_k=max_k, **common))
-        rows += _run_configs(llm, speculative, prompt_ids, trace, temperatures, args)
+        rows += _run_configs(llm, speculative, prompt_ids, workloads, trace, temperatures, args)
     _add_ratios(rows)
     _print_table(rows)
     document = {
@@ -115,7 +115,7 @@ def run_vllm_bench(args, prompts) -> int:
 
 
 # --- running ------------------------------------------------------------------------------------
-def _run_configs(llm, configs, prompt_ids, trace, temperatures, args) -> list[dict]:
+def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args) -> list[dict]:
     """Each configuration keeps one controller per temperature across all its prompts, as a server
     keeps its policy: what it learns (acceptance priors, online cost corrections) carries over."""
     from .scheduler import scheduler_of
@@ -132,11 +132,11 @@ def _run_configs(llm, configs, prompt_ids, trace, temperatures, args) -> list[di
                 for config in configs:
                     _activate(scheduler, config, controllers[config])
                     results[config] += _run(llm, [ids], [0.0], temperature, args.max_new_tokens, args.seed + index,
-                                            [_workload(args, index)])
+                                            [workloads[index]])
                 print(f"[t={temperature} prompt {index + 1}/{len(prompt_ids)} done]", file=sys.stderr)
         else:
             requests = [prompt_ids[i % len(prompt_ids)] for i in range(len(trace))]
-            labels = [_workload(args, i % len(prompt_ids)) for i in range(len(trace))]
+            labels = [workloads[i % len(prompt_ids)] for i in range(len(trace))]
             for config in configs:
                 _activate(scheduler, config, controllers[config])
                 results[config] = _run(llm, requests, trace, temperature, args.max_new_tokens, args.seed, labels)
@@ -144,11 +144,6 @@ def _run_configs(llm, configs, prompt_ids, trace, temperatures, args) -> list[di
         for config in configs:
             rows.append(_summary(config, temperature, results[config], controllers[config], args.rate))
     return rows
-
-
-def _workload(args, index: int) -> str:
-    workloads = getattr(args, "workloads", None)
-    return workloads[index] if workloads else ""
 
 
 def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> list[RequestTiming]:
@@ -256,31 +251,26 @@ def _latencies(timings, names=("ttft", "tpot", "itl")) -> dict:
 def _add_ratios(rows) -> None:
     """Ratios to vLLM without speculation and to the best static configuration (vllm-off and every
     vllm-static:K run), overall and per workload, at each temperature."""
-    static = [r for r in rows if r["config"] == "vllm-off" or r["config"].startswith("vllm-static:")]
     for temperature in {r["temperature"] for r in rows}:
         here = [r for r in rows if r["temperature"] == temperature]
-        off = next((r for r in here if r["config"] == "vllm-off"), None)
-        statics = [r for r in static if r["temperature"] == temperature and r["tokens_per_s"]]
-        best = max(statics, key=lambda r: r["tokens_per_s"], default=None)
-        for row in here:
-            if not row["tokens_per_s"]:
-                continue
-            if off and off["tokens_per_s"]:
-                row["ratio_to_vllm_off"] = round(row["tokens_per_s"] / off["tokens_per_s"], 3)
-            if best:
-                row["best_static"] = best["config"]
-                row["ratio_to_best_static"] = round(row["tokens_per_s"] / best["tokens_per_s"], 3)
-            for workload, figures in row.get("workloads", {}).items():
-                speed = figures["tokens_per_request_s"]
-                mine = {r["config"]: r["workloads"][workload]["tokens_per_request_s"]
-                        for r in statics if workload in r.get("workloads", {})}
-                if speed and off and mine.get("vllm-off"):
-                    figures["ratio_to_vllm_off"] = round(speed / mine["vllm-off"], 3)
-                if speed and mine:
-                    name = max(mine, key=lambda c: mine[c] or 0)
-                    if mine[name]:
-                        figures["best_static"] = name
-                        figures["ratio_to_best_static"] = round(speed / mine[name], 3)
+        _compare({r["config"]: r for r in here}, "tokens_per_s")
+        for workload in {w for r in here for w in r.get("workloads", {})}:
+            _compare({r["config"]: r["workloads"][workload] for r in here if workload in r.get("workloads", {})},
+                     "tokens_per_request_s")
+
+
+def _compare(figures: dict[str, dict], key: str) -> None:
+    """One scope's figures by configuration: add each one's ratios of `key` to vllm-off and to the
+    fastest static configuration."""
+    speeds = {config: f[key] for config, f in figures.items() if f.get(key)}
+    statics = {c: s for c, s in speeds.items() if c == "vllm-off" or c.startswith("vllm-static:")}
+    best = max(statics, key=statics.get, default=None)
+    for config, speed in speeds.items():
+        if "vllm-off" in speeds:
+            figures[config]["ratio_to_vllm_off"] = round(speed / speeds["vllm-off"], 3)
+        if best:
+            figures[config]["best_static"] = best
+            figures[config]["ratio_to_best_static"] = round(speed / statics[best], 3)
 
 
 def _print_table(rows) -> None:
