@@ -6,8 +6,10 @@
 Policy and profile come from the environment: ADAPTIVE_SPEC_VLLM_POLICY (default goodput) and
 ADAPTIVE_SPEC_VLLM_PROFILE (a profile JSON file; unset = learn step costs online).
 
-`controller` holds the vLLM-free bookkeeping; `scheduler` is the one module touching vLLM internals
-(version-fenced). Importing this package does not import vLLM: `AdaptiveScheduler` loads on first use.
+`controller` and `draft_cache` hold the vLLM-free bookkeeping; `scheduler` (the engine core's side) and
+`lazy_draft` (the model runner's side: a step at k = 0 skips the draft model, which catches up later)
+touch vLLM internals and are version-fenced (`fence`). Importing this package does not import vLLM:
+`AdaptiveScheduler` loads on first use.
 """
 
 from .controller import POLICY_ENV, PROFILE_ENV, ControllerSettings, SpecController

@@ -1,8 +1,9 @@
-"""The one module that touches vLLM internals: a `Scheduler` subclass that runs our controller.
+"""The engine core's side of the plug-in: a `Scheduler` subclass that runs our controller.
 
 vLLM's scheduler is not a public API, so this module is fenced to the versions it was tested with
-(`TESTED_VERSIONS`) and refuses others at import with a message saying what to do. Everything else
-in this integration goes through `controller.py` (no vLLM) or vLLM's public entry points.
+(`fence.TESTED_VERSIONS`) and refuses others at import with a message saying what to do. The only
+other module touching vLLM internals is `lazy_draft.py` (the model runner's side); the rest goes
+through `controller.py` (no vLLM) or vLLM's public entry points.
 
 Hooks used (vLLM 0.32, synchronous scheduling, which the CPU platform forces):
 - `schedule()`: after vLLM schedules the step, the controller chooses each decoding request's k and
@@ -15,6 +16,8 @@ Hooks used (vLLM 0.32, synchronous scheduling, which the CPU platform forces):
   (accepted drafts + one), and the step's wall time.
 The configured `num_speculative_tokens` is the cap on any k: vLLM sizes its buffers by it.
 On CPU, sampled requests get no drafts (`sampled_speculation_is_exact`).
+With a draft model, a step at K = 0 skips the draft altogether (`lazy_draft.py`, worker side); the
+scheduler only marks the step that catches the draft up as untimed.
 """
 
 from __future__ import annotations
