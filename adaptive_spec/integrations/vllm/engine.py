@@ -80,7 +80,7 @@ def make_llm(spec: EngineSpec):
         torch.set_num_threads(spec.threads)
     from vllm import LLM
 
-    from .lazy_draft import install
+    from .patches import install
 
     install()  # also loaded by vLLM's plug-in entry point; here too, for an environment without it
 

@@ -7,8 +7,7 @@ in one forward pass just before the next step that drafts (`draft_cache.DraftCac
 positions). Drafts are only proposals, so this changes what is proposed at worst, never what is
 emitted: vLLM's rejection sampler verifies every draft against the target.
 
-Installed by `install()`: from vLLM's general-plugin entry point (`vllm.general_plugins`, loaded in
-every vLLM process, workers included) and from `engine.make_llm`. It acts only in engines whose
+Installed by `install()`, which `patches.install` calls in every vLLM process. It acts only in engines whose
 scheduler is this project's (`--scheduler-cls adaptive_spec...`) and where `ADAPTIVE_SPEC_VLLM_LAZY_DRAFT`
 is not `0`; every other engine runs vLLM's own method unchanged. Version-fenced like `scheduler.py`;
 under an untested vLLM, `install()` does nothing.
@@ -33,12 +32,9 @@ def enabled_for(scheduler_cls) -> bool:
 
 def install() -> bool:
     """Patch vLLM's draft-model proposer (idempotent). False where the installed vLLM is untested."""
-    try:
-        import vllm
+    from .fence import tested_vllm_installed
 
-        from .fence import check_vllm_version
-        check_vllm_version(vllm.__version__)
-    except ImportError:
+    if not tested_vllm_installed():
         return False
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
 

@@ -15,7 +15,7 @@ Hooks used (vLLM 0.32, synchronous scheduling, which the CPU platform forces):
 - `update_from_output()`: what the step verified: drafts scheduled per request and tokens sampled
   (accepted drafts + one), and the step's wall time.
 The configured `num_speculative_tokens` is the cap on any k: vLLM sizes its buffers by it.
-On CPU, sampled requests get no drafts (`sampled_speculation_is_exact`).
+On CPU, sampled requests get no drafts unless vLLM's sampler is fixed (`sampled_speculation_is_exact`).
 With a draft model, a step at K = 0 skips the draft altogether (`lazy_draft.py`, worker side); the
 scheduler only marks the step that catches the draft up as untimed.
 """
@@ -32,20 +32,19 @@ from vllm.platforms import current_platform  # noqa: E402  (after the fence on p
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # noqa: E402
 
+from . import cpu_sampling  # noqa: E402
 from .controller import ControllerSettings, RunningRequest, SpecController, VerifiedRequest  # noqa: E402
 from .lazy_draft import enabled_for as lazy_draft_enabled_for  # noqa: E402
 
 
 def sampled_speculation_is_exact() -> bool:
     """Whether this platform's vLLM keeps the output law when it verifies drafts of sampled
-    (temperature > 0) requests. Not on CPU: vLLM 0.32's CPU build there emitted garbled text from
-    draft-model drafts under its own static k, with no plug-in (acceptance 0.05-0.06 at temperature
-    0.7 against 0.67 greedy). Cause: its CPU `expand` kernel (`utils/cpu_triton_utils.py`) casts its
-    float output to an int64 copy, so the per-token temperatures the rejection sampler divides the
-    target logits by stay uninitialised memory; with a float-preserving expand the same run wrote
-    normal text. So the plug-in gives sampled requests no drafts there: exact, at the speed of k = 0.
-    Greedy requests never expand temperatures (their outputs equal plain vLLM's)."""
-    return not current_platform.is_cpu()
+    (temperature > 0) requests. On CPU only with `cpu_sampling`'s fix installed (the plug-in's entry
+    point and `make_llm` install it): vLLM 0.32's CPU `expand` loses float sampling parameters, so its
+    rejection sampler divides the target's logits by uninitialised memory. Where this is False the
+    plug-in gives sampled requests no drafts: exact, at the speed of k = 0. Greedy requests never
+    expand sampling parameters (their outputs equal plain vLLM's either way)."""
+    return not current_platform.is_cpu() or cpu_sampling.installed()
 
 
 class AdaptiveScheduler(Scheduler):
