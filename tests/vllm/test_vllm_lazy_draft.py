@@ -20,6 +20,7 @@ from adaptive_spec.integrations.vllm import lazy_draft  # noqa: E402
 from adaptive_spec.integrations.vllm.controller import SpecController  # noqa: E402
 from adaptive_spec.integrations.vllm.engine import EngineSpec  # noqa: E402
 from adaptive_spec.integrations.vllm.scheduler import scheduler_of  # noqa: E402
+from adaptive_spec.integrations.vllm.upkeep_bench import OffThenOn  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real_models]
 
@@ -28,20 +29,9 @@ PROMPTS_USED = (PROMPTS["code"], PROMPTS["list"], PROMPTS["repeat"])
 MAX_TOKENS, OFF_STEPS = 48, 16
 
 
-class OffThenOn:
-    """k = 0 for the first `off_steps` choices, then k = 3; keeps every step record."""
-
-    name = "off-then-on"
-
-    def __init__(self, off_steps: int = OFF_STEPS):
-        self.calls, self.off_steps, self.records = 0, off_steps, []
-
-    def choose(self, views):
-        self.calls += 1
-        return [0 if self.calls <= self.off_steps else 3] * len(views)
-
-    def observe(self, record):
-        self.records.append(record)
+def off_then_on() -> OffThenOn:
+    """k = 0 for the first OFF_STEPS choices, then k = 3."""
+    return OffThenOn(OFF_STEPS, 3)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +59,7 @@ def _tracker_stats(llm) -> tuple[int, int]:
 
 
 def test_steps_at_k0_skip_the_draft_and_the_catch_up_restores_its_cache(engines, reference):
-    tokens, acceptance, skipped, caught_up, scheduler = run(engines, OffThenOn())
+    tokens, acceptance, skipped, caught_up, scheduler = run(engines, off_then_on())
     assert scheduler.lazy_draft
     assert tokens == reference
     assert skipped >= OFF_STEPS - 1, "the steps at k = 0 still ran the draft"
@@ -81,7 +71,7 @@ def test_steps_at_k0_skip_the_draft_and_the_catch_up_restores_its_cache(engines,
 def test_without_the_catch_up_acceptance_collapses(engines, reference, monkeypatch):
     """Negative control: the same run with the catch-up replaced by nothing."""
     monkeypatch.setattr(lazy_draft, "catch_up", lambda *args, **kwargs: None)
-    tokens, acceptance, skipped, _, _ = run(engines, OffThenOn())
+    tokens, acceptance, skipped, _, _ = run(engines, off_then_on())
     assert tokens == reference  # drafts are only proposals: outputs stay exact either way
     assert skipped >= OFF_STEPS - 1
     assert acceptance < 0.6, f"acceptance {acceptance:.2f} without a catch-up: the check above cannot fail"
@@ -90,7 +80,7 @@ def test_without_the_catch_up_acceptance_collapses(engines, reference, monkeypat
 def test_the_step_that_catches_up_is_not_taken_as_a_step_cost(engines, reference):
     """Drafts proposed at the end of a step are verified in the next: the step before the first that
     verified drafts is the one that caught up."""
-    policy = OffThenOn()
+    policy = off_then_on()
     run(engines, policy)
     first = next(i for i, record in enumerate(policy.records) if record.batch_k > 0)
     assert policy.records[first - 1].total_seconds == 0, "the catch-up's time was charged as a step cost"
@@ -100,7 +90,7 @@ def test_the_step_that_catches_up_is_not_taken_as_a_step_cost(engines, reference
 
 def test_vllms_own_upkeep_runs_where_lazy_drafting_is_switched_off(engines, reference, monkeypatch):
     monkeypatch.setenv(lazy_draft.LAZY_ENV, "0")
-    tokens, acceptance, skipped, caught_up, _ = run(engines, OffThenOn())
+    tokens, acceptance, skipped, caught_up, _ = run(engines, off_then_on())
     assert tokens == reference
     assert skipped == caught_up == 0
     assert acceptance >= 0.9
