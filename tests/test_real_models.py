@@ -74,9 +74,9 @@ from adaptive_spec.assets import (
     encode_prompt,
     is_fetched,
     load_humaneval,
-    load_model_and_tokenizer,
     load_sharegpt,
 )
+from adaptive_spec.modeling.loading import load_model
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -190,7 +190,7 @@ def _missing(what: str, remedy: str) -> None:
 def _load(name: str):
     if not is_fetched(name):
         _missing(f"model {name!r} is not fetched into the cache", f"run `adaptive-spec models fetch {name}`")
-    model, tokenizer = load_model_and_tokenizer(name, dtype="float32", progress=False)
+    model, tokenizer = load_model(name, "float32", progress=False)  # as the CLI runs it: oneDNN linears
     assert model.dtype == torch.float32
     return model, tokenizer
 

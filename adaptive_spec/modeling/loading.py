@@ -5,6 +5,10 @@ every Linear layer, CPU only, meant for the draft). bf16 and int8 change the num
 verification pass rounds differently from a 1-token pass, so greedy output may differ from plain
 fp32 decoding at near-ties. They never change the sampling law: the engine still emits exactly the
 distribution of the (bf16 or int8) target it runs.
+
+Float32 models on CPU run their Linear layers through oneDNN by default (`cpu_linear.py`: about
+1.6x faster per decoded token and 2x per multi-token verify than torch's default BLAS on the CPUs
+measured); `cpu_linear="torch"` keeps torch's own kernel.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..assets import check_tokenizers_compatible, get_pair, load_model_and_tokenizer
+from .cpu_linear import KERNELS, set_linear_kernel
 from .drafters import Drafter, NgramDrafter
 
 PRECISIONS = ("float32", "bfloat16", "int8")
@@ -33,15 +38,18 @@ class LoadedPair:
         return self.draft if isinstance(self.draft, torch.nn.Module) else None
 
 
-def load_model(name: str, precision: str = "float32", progress: bool = True):
-    """(model, tokenizer) for a registry name, local directory or hub id, in `precision`."""
+def load_model(name: str, precision: str = "float32", progress: bool = True, cpu_linear: str = "onednn"):
+    """(model, tokenizer) for a registry name, local directory or hub id, in `precision`, its float32
+    Linear layers run by `cpu_linear` ("onednn" or "torch")."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if cpu_linear not in KERNELS:
+        raise ValueError(f"unknown linear kernel {cpu_linear!r}; choose one of {', '.join(KERNELS)}")
     model, tokenizer = load_model_and_tokenizer(name, dtype="bfloat16" if precision == "bfloat16" else "float32",
                                                 progress=progress)
     if precision == "int8":
         model = quantize_int8(model)
-    return model.eval(), tokenizer
+    return set_linear_kernel(model, cpu_linear).eval(), tokenizer
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
@@ -61,6 +69,7 @@ def load_pair(
     target_precision: str = "float32",
     draft_precision: str = "float32",
     progress: bool = True,
+    cpu_linear: str = "onednn",
 ) -> LoadedPair:
     """Load a named pair, or a target with a draft model name, "ngram" or "none".
 
@@ -72,12 +81,12 @@ def load_pair(
     if target is None:
         raise ValueError("name a pair or a target model")
     draft = draft or "none"
-    target_model, tokenizer = load_model(target, target_precision, progress)
+    target_model, tokenizer = load_model(target, target_precision, progress, cpu_linear)
     if draft == "none":
         draft_part = None
     elif draft == "ngram":
         draft_part = NgramDrafter()
     else:
-        draft_part, draft_tokenizer = load_model(draft, draft_precision, progress)
+        draft_part, draft_tokenizer = load_model(draft, draft_precision, progress, cpu_linear)
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
     return LoadedPair(target_model, draft_part, tokenizer, target, draft)

@@ -84,6 +84,8 @@ def add_profile_commands(subparsers) -> argparse.ArgumentParser:
     run = p.add_argument_group("machine and output")
     run.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     run.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    run.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn",
+                     help="what runs float32 Linear layers on CPU, as `generate --cpu-linear` (default onednn)")
     run.add_argument("--draft-dtype", choices=("same", "int8"), default="same",
                      help="int8: dynamically quantised draft (CPU), as `generate --draft-dtype int8` runs it")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -125,6 +127,7 @@ def _settings(args):
 def _load_models(args, dtype, device):
     """(target, draft, target_name, draft_name, random_weights)."""
     from ..assets.registry import get_pair
+    from ..modeling.cpu_linear import set_linear_kernel
     from ..modeling.loading import quantize_int8
     from .profiler import load_pretrained, random_model, resolve_config
 
@@ -158,6 +161,9 @@ def _load_models(args, dtype, device):
         if str(device) != "cpu":
             raise ValueError("--draft-dtype int8 is dynamic quantisation, which runs on the CPU only")
         draft = quantize_int8(draft.float()).eval()
+    for model in (target, draft):  # as the engine runs them (modeling.loading)
+        if model is not None:
+            set_linear_kernel(model, args.cpu_linear)
     return target, draft, target_name, draft_name, random_weights
 
 

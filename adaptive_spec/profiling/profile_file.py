@@ -47,6 +47,7 @@ __all__ = [
     "profile_frame",
     "machine_fingerprint",
     "model_fingerprint",
+    "fingerprint_value",
     "config_hash",
     "check_fingerprint",
     "load_cost_model",
@@ -65,7 +66,7 @@ ARCHITECTURE_KEYS = (
 
 # Fingerprint fields compared against the running machine (others are informational).
 MACHINE_KEYS = ("device", "device_name", "torch_version", "threads")
-MODEL_KEYS = ("architecture", "parameters", "config_hash", "dtype")
+MODEL_KEYS = ("architecture", "parameters", "config_hash", "dtype", "linear_kernel")
 
 
 class ProfileError(RuntimeError):
@@ -264,7 +265,11 @@ def config_hash(config: Any) -> str:
 
 
 def model_fingerprint(model: Any, name: str | None = None, random_weights: bool = False) -> dict:
-    """A model as a profile records it: architecture, parameter count, dtype, config hash."""
+    """A model as a profile records it: architecture, parameter count, dtype, what runs its Linear
+    layers (`modeling.cpu_linear.linear_kernel`), config hash."""
+    import torch
+
+    from ..modeling.cpu_linear import linear_kernel
     config = model.config
     parameters, dtype = _weights(model)
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
@@ -277,6 +282,7 @@ def model_fingerprint(model: Any, name: str | None = None, random_weights: bool 
         "model_type": getattr(config, "model_type", None),
         "parameters": int(parameters),
         "dtype": dtype,
+        "linear_kernel": linear_kernel(model) if isinstance(model, torch.nn.Module) else "torch",
         "config_hash": config_hash(config),
         "num_hidden_layers": getattr(config, "num_hidden_layers", None),
         "hidden_size": getattr(config, "hidden_size", None),
@@ -296,6 +302,17 @@ def _weights(model: Any) -> tuple[int, str]:
         return parameters + sum(m.weight().numel() + (m.bias().numel() if m.bias() is not None else 0)
                                 for m in quantized), "int8"
     return parameters, str(next(model.parameters()).dtype).replace("torch.", "")
+
+
+def fingerprint_value(model: Mapping[str, Any], key: str) -> Any:
+    """A model fingerprint's `key`, or for a profile written before that key existed, what it was
+    measured with: profiles without a linear_kernel ran torch's own kernels (dynamic int8 for an
+    int8 model)."""
+    if key in model:
+        return model[key]
+    if key == "linear_kernel":
+        return "int8-dynamic" if model.get("dtype") == "int8" else "torch"
+    return None
 
 
 def check_fingerprint(profile: Mapping[str, Any], current: Mapping[str, Any], strict: bool = False,
@@ -321,8 +338,9 @@ def check_fingerprint(profile: Mapping[str, Any], current: Mapping[str, Any], st
             differences.append(f"{role}: the profile has no {role} model, here {model.get('architecture')!r}")
             continue
         for key in MODEL_KEYS:
-            if key in model and theirs.get(key) != model.get(key):
-                differences.append(f"{role}.{key}: profile {theirs.get(key)!r}, here {model.get(key)!r}")
+            recorded_value = fingerprint_value(theirs, key)
+            if key in model and recorded_value != model.get(key):
+                differences.append(f"{role}.{key}: profile {recorded_value!r}, here {model.get(key)!r}")
     if differences:
         message = (f"profile {name!r} was measured on a different machine or with different models "
                    f"({'; '.join(differences)}); its costs may be off until the online correction catches up")  # fmt: skip
