@@ -178,6 +178,17 @@ def test_cli_run_then_show(tmp_path, capsys, one_thread):
     assert shown["machine_matches"] is True
 
 
+def test_cli_linear_times_both_kernels_side_by_side(capsys, one_thread):
+    code = main(["profile", "linear", "--target-config", "tiny-qwen2", "--query-tokens", "1,3", "--contexts", "16",
+                 "--repeats", "2"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [row["query_tokens"] for row in result["rows"]] == [1, 3]
+    for row in result["rows"]:
+        assert row["torch_ms"] > 0 and row["onednn_ms"] > 0
+        assert row["torch_over_onednn"] == pytest.approx(row["torch_ms"] / row["onednn_ms"], rel=0.25)  # ms are rounded
+
+
 def test_cli_show_reports_a_corrupt_file(tmp_path, capsys):
     bad = tmp_path / "broken.json"
     bad.write_text('{"format": "adaptive-spec-profile", "schema_')

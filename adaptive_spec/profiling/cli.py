@@ -3,6 +3,7 @@
     adaptive-spec profile --pair qwen-coder --quick --out profiles/NAME.json
     adaptive-spec profile --target-config Qwen2.5-7B --draft-config Qwen2.5-0.5B --device cuda --dtype bfloat16
     adaptive-spec profile show profiles/NAME.json
+    adaptive-spec profile linear --pair qwen-coder      # oneDNN vs torch's Linear kernel, side by side
 
 ``profile`` and ``profile run`` are the same command. The main command line registers the group
 with ``add_profile_commands(subparsers)`` and calls ``run_profile(args)`` when
@@ -55,8 +56,11 @@ def add_profile_commands(subparsers) -> argparse.ArgumentParser:
                     "overhead, into a profile file (`profile` or `profile run`); or summarise one and its "
                     "cost model's leave-one-out error (`profile show PROFILE`).",
     )  # fmt: skip
-    p.add_argument("profile_action", nargs="?", choices=("run", "show"), default="run", metavar="{run,show}",
-                   help="run (default) measures; show summarises PROFILE")
+    p.add_argument("profile_action", nargs="?", choices=("run", "show", "linear"), default="run",
+                   metavar="{run,show,linear}",
+                   help="run (default) measures; show summarises PROFILE; linear times the target's forwards "
+                        "with oneDNN's and torch's Linear kernels side by side (--query-tokens, first of "
+                        "--contexts and --batch-sizes, --repeats rounds)")
     p.add_argument("profile_path", nargs="?", metavar="PROFILE", help="the profile file to show")
     models = p.add_argument_group("models (default: --pair qwen-coder)")
     models.add_argument("--pair", default=None, help="a registered target/draft pair, e.g. qwen-coder")
@@ -307,10 +311,40 @@ def _pct(values, q) -> str:
     return f"{float(np.percentile(values, q)):.2f}" if values else "n/a"
 
 
+def _linear(args) -> int:
+    import torch
+
+    from ..assets.registry import get_pair
+    from .kernels import compare_linear_kernels
+    from .profiler import load_pretrained, random_model, resolve_config
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = args.target_config or args.target or get_pair(args.pair or "qwen-coder").target
+    try:
+        model = (random_model(resolve_config(args.target_config), seed=args.seed) if args.target_config
+                 else load_pretrained(name, progress=not args.quiet, cache_dir=args.cache_dir))
+    except (ValueError, OSError) as error:
+        return _error(str(error))
+    queries = args.query_tokens or (1, 2, 4, 9)
+    context, batch = (args.contexts or (128,))[0], (args.batch_sizes or (1,))[0]
+    rows = compare_linear_kernels(model, queries, context=context, batch=batch, rounds=args.repeats or 5, seed=args.seed)
+    print(f"{name}, batch {batch}, context {context}, {torch.get_num_threads()} threads, float32: "
+          f"median ms per forward, kernels alternating round by round")
+    print(f"{'q':>3} {'torch':>9} {'onednn':>9} {'torch/onednn':>13}")
+    for row in rows:
+        print(f"{row['query_tokens']:>3} {row['torch_ms']:>9.1f} {row['onednn_ms']:>9.1f} {row['torch_over_onednn']:>13.2f}")
+    print(json.dumps({"command": "profile linear", "ok": True, "model": name, "batch": batch, "context": context,
+                      "threads": torch.get_num_threads(), "rows": rows}))
+    return 0
+
+
 def run_profile(args) -> int:
-    """Run `profile [run]` or `profile show` from parsed arguments; returns the exit code."""
+    """Run `profile [run]`, `profile show` or `profile linear` from parsed arguments; returns the exit code."""
     if getattr(args, "profile_action", "run") == "show":
         return _show(args)
+    if args.profile_action == "linear":
+        return _linear(args)
     if getattr(args, "engine", "hf") == "vllm":
         from ..integrations.vllm.profile import run_vllm_profile
 
