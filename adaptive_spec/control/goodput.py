@@ -70,7 +70,7 @@ class StepCost(Protocol):
 
 @dataclass(frozen=True)
 class GoodputConfig:
-    max_k: int = 8
+    max_k: int = 12
     hysteresis: float = 0.03
     exploration_z: float = 0.5
     request_decay: float = 0.9
