@@ -2,10 +2,12 @@
 
 Why: torch's CPU build multiplies float32 matrices with MKL, and on the AMD EPYC machines this
 project runs on MKL's small-M GEMM path is slow: a target forward over 2 query tokens cost 2x one
-token and 9 tokens 3x (Qwen2.5-Coder-1.5B, fp32, 128 cached tokens: 411-496 / 866-994 / 1233-1630
-ms for 1 / 2 / 9 tokens), which is exactly the multi-token verify speculative decoding lives on.
-oneDNN's matmul, which torch also ships, ran the same forwards in 259-311 / 469-666 / 607-680 ms
-(both measured side by side in one process). The weights stay where they are (no packing, no copy).
+token and 9 tokens 3-4x, and a multi-token verify is what speculative decoding lives on. oneDNN's
+matmul, which torch also ships, is used here with the weights where they are (no packing, no copy).
+Side by side (Qwen2.5-Coder-1.5B, fp32, batch 1, 128 cached tokens, 2 threads; `adaptive-spec
+profile linear`), ms for 1 / 2 / 9 query tokens: torch 503 / 1061 / 1810, oneDNN 421 / 730 / 790;
+in earlier runs the same day (plain HF forwards): torch 411-496 / 866-994 / 1233-1630, oneDNN
+259-311 / 469-666 / 607-680.
 
 `use_onednn_linears(model)` switches every plain float32 `nn.Linear` on CPU to `OneDNNLinear`, a
 subclass that only overrides `forward` (state dicts, `isinstance` and parameter counts are
