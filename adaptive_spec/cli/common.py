@@ -32,8 +32,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="draft precision (int8 = dynamic quantisation; default: int8 under a float32 "
                             "target, the fastest exact choice on CPU, else the target's)")
     group.add_argument("--cpu-linear", choices=KERNELS, default="onednn",
-                       help="what runs float32 Linear layers on CPU: oneDNN (default; 1.6-2x faster than torch's "
-                            "default BLAS on the CPUs measured) or torch's own kernel")
+                       help="what runs float32 Linear layers on CPU: oneDNN (default; 1.1-2.4x faster than torch's "
+                            "default on the AMD CPUs measured, most on multi-token verifies) or torch's own "
+                            "kernel; `adaptive-spec profile linear` compares them on this CPU")
 
 
 def add_prompt_options(parser: argparse.ArgumentParser, default_prompt: str | None = None) -> None:

@@ -270,6 +270,7 @@ def model_fingerprint(model: Any, name: str | None = None, random_weights: bool 
     import torch
 
     from ..modeling.cpu_linear import linear_kernel
+
     config = model.config
     parameters, dtype = _weights(model)
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
