@@ -42,6 +42,9 @@ def add_prompt_options(parser: argparse.ArgumentParser, default_prompt: str | No
     group.add_argument("--prompt", action="append", default=None, help="a prompt text (repeatable)")
     group.add_argument("--prompts", default=None, help="a JSONL file of {\"prompt\": ...} or {\"messages\": [...]}")
     group.add_argument("--humaneval", type=int, default=0, metavar="N", help="the first N HumanEval prompts")
+    group.add_argument("--humaneval-from", type=int, default=0, metavar="I",
+                       help="start --humaneval (and --mix humaneval:N) at problem I, e.g. to keep traces that "
+                            "warm-start a policy apart from the prompts it is benchmarked on")
     group.add_argument("--sharegpt", type=int, default=0, metavar="N", help="N ShareGPT prompts, sampled by length")
     group.add_argument("--no-chat", action="store_true", help="encode prompts as plain text, no chat template")
     parser.set_defaults(default_prompt=default_prompt)
@@ -192,7 +195,10 @@ def gather_mix(args, mix: list[tuple[str, int]]) -> list[tuple[str, list[Prompt]
 
 def _source_loaders(args) -> dict:
     """Prompt sets a count is drawn from, by the names `--mix` uses."""
-    return {"humaneval": lambda count: load_humaneval(limit=count),
+    start = getattr(args, "humaneval_from", 0)
+    if start < 0:
+        raise ValueError(f"--humaneval-from must be >= 0, got {start}")
+    return {"humaneval": lambda count: load_humaneval(limit=start + count)[start:],
             "sharegpt": lambda count: load_sharegpt(count, seed=args.seed, max_prompt_chars=2000),
             "prompts": lambda count: load_jsonl(args.prompts)[:count]}
 
