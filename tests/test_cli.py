@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -225,3 +226,22 @@ def test_policy_cost_times_choose_the_in_step_rule_and_observe(monkeypatch, caps
     assert set(report["us_per_request_per_step"]) == {"1", "4"}
     assert all(us > 0 for us in report["us_per_request_per_step"].values())
     assert calls.count(0) >= 40  # at 70% acceptance goodput drafts in (nearly) every step
+
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+
+
+def test_policy_cost_with_a_profile_reports_shares_of_its_step(capsys):
+    """With --profile the share is the decision's seconds over the profile's one-token step, so a
+    fast machine's share is larger for the same work (the synthetic accelerator vs the 2-core CPU)."""
+    shares = {}
+    for name in ("cpu-2core-qwen-coder-fp32-int8draft", "gpu-h200-qwen2.5-7b-0.5b-bf16-random"):
+        assert main(["policy-cost", "--batch-sizes", "8", "--steps", "30", "--profile", str(PROFILES / f"{name}.json")]) == 0
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert report["profile"] == name
+        us = report["us_per_request_per_step"]["8"]
+        shares[name] = report["percent_of_one_token_step"]["8"]
+        assert shares[name] > 0 and us > 0
+    assert shares["gpu-h200-qwen2.5-7b-0.5b-bf16-random"] > shares["cpu-2core-qwen-coder-fp32-int8draft"]
+    assert main(["policy-cost", "--profile", "no-such-profile.json"]) == 2
+    assert "no-such-profile.json" in capsys.readouterr().err

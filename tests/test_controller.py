@@ -162,6 +162,82 @@ def test_a_probe_keeps_its_drafts_whatever_the_forecast():
     assert [policy.keep_drafting(j, [0.01])[0] for j in range(3)] == [True, True, KEEP_LAST]
 
 
+# --- option stopping (stopping.py) -------------------------------------------------------------
+# Step seconds of the default pair's CPU profile at batch 1 (rounded), with forwards 0..j run: the
+# first draft's verify is the big jump, each further draft adds a forward and a little verify.
+DROP = [0.48, 0.80, 0.91, 0.97, 1.04]  # draft j dropped: j drafts verified
+KEEP = [0.74, 0.85, 0.91, 0.98, 1.05]  # draft j kept, the row stops: j + 1 verified
+RATE = 2.45  # tokens per second the stream earns
+
+
+def _exact_value(s, j, sample):
+    """W_j(s) by full recursion over every sequence of next-draft acceptances (no grid)."""
+    options = [-RATE * DROP[j], s - RATE * KEEP[j]]
+    if j + 1 < len(DROP):
+        options.append(s + np.mean([_exact_value(s * q, j + 1, sample) for q in sample]))
+    return max(options)
+
+
+def _fixed_length_values(s, mean):
+    """Drop, keep and stop, then every longer fixed ending, forecasting each draft at `mean`."""
+    values, gain, survive = [-RATE * DROP[0], s - RATE * KEEP[0]], s, s
+    for final in range(1, len(KEEP)):
+        survive *= mean
+        gain += survive
+        values.append(gain - RATE * KEEP[final])
+    return values
+
+
+def test_backward_induction_matches_the_exhaustive_recursion():
+    from adaptive_spec.control.stopping import GRID, continuation_values
+
+    sample = [0.95, 0.6, 0.1]
+    continuation = continuation_values(DROP, KEEP, [sample] * len(DROP), RATE)
+    assert continuation[-1] is None  # no drafting past the row's limit
+    for j in range(len(DROP) - 1):
+        exact = [np.mean([_exact_value(s * q, j + 1, sample) for q in sample]) for s in GRID]
+        # Interpolating a convex piecewise-linear function on a 1/32 grid: errors of a few 1e-3.
+        assert np.max(np.abs(continuation[j] - np.array(exact))) < 0.02
+
+
+def test_the_option_to_stop_later_makes_drafting_on_worth_it():
+    """The next drafts will each be sure (0.95) or hopeless (0.05), half the time each. Forecast at
+    their mean, 0.5, every ending loses to dropping the current draft (s = 0.6); valued with the
+    option to stop once each next draft's confidence is seen, drafting on wins, by the margin the
+    exhaustive recursion gives. Negative control: the same mean with no spread in the forecast
+    leaves nothing to wait for, and the rule drops the draft like the fixed-length comparison."""
+    from adaptive_spec.control.stopping import continuation_values, decide
+
+    s, sample = 0.6, [0.95, 0.05]
+    fixed = _fixed_length_values(s, 0.5)
+    assert max(range(len(fixed)), key=fixed.__getitem__) == 0  # drop
+    exact_on = s + np.mean([_exact_value(s * q, 1, sample) for q in sample])
+    assert exact_on > max(fixed) + 0.1
+    spread = continuation_values(DROP, KEEP, [sample] * len(DROP), RATE)
+    assert decide(s, 0, DROP, KEEP, spread[0], RATE) == 2
+    flat = continuation_values(DROP, KEEP, [[0.5]] * len(DROP), RATE)
+    assert decide(s, 0, DROP, KEEP, flat[0], RATE) == 0
+
+
+def test_goodput_uses_option_stopping_at_batch_1_once_a_step_was_timed():
+    """The config switch selects the rule: with `option_stopping` the policy builds the option
+    tables for a batch-1 step after its first timed step, without it (or at batch 2) it does not."""
+    built = {}
+    for option, batch in ((True, 1), (False, 1), (True, 2)):
+        policy = _drafting_policy(KneeCost(), option_stopping=option)
+        views = _views(batch)
+        policy.choose(views)
+        policy.keep_drafting(0, [0.97] * batch)
+        outcomes = tuple(RequestOutcome(v.request_id, 1, 1, 2) for v in views)
+        policy.observe(StepRecord(batch, 1, (100,) * batch, outcomes, 0.1, 2.4, 2.5))
+        assert policy.rate_ema is not None
+        policy.choose(views)
+        answer = policy.keep_drafting(0, [0.97] * batch)
+        assert all(a in (False, True, KEEP_LAST) for a in answer)
+        built[option, batch] = policy._options is not None
+    assert built == {(True, 1): True, (False, 1): False, (True, 2): False}
+
+
 # --- k = 0 never absorbing ----------------------------------------------------------------------
 class _Recorder(GoodputPolicy):
     def observe(self, record):

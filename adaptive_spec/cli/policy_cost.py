@@ -3,7 +3,9 @@
 Drives `choose`, the in-step `keep_drafting` calls (one per drafted position, as our engine makes
 them) and `observe` with synthetic requests (i.i.d. acceptance, draft confidences uniform in
 [0.3, 1]) at several batch sizes and reports microseconds per request per step; the decision must
-stay well under 1% of a step.
+stay well under 1% of a step. With `--profile` the policy plans with that machine's costs (its
+choices, and so its work, follow them) and each figure is also given as a share of the profile's
+one-token step at that batch size; the synthetic steps report the profile's times to `observe`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import argparse
 import random
 import time
 
-from ..control import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, adopt_stop_rule, make_policy,
-                       run_stop_rule)
+from ..control import (AcceptanceHistory, CostModel, RequestOutcome, RequestView, StepRecord, adopt_stop_rule,
+                       make_policy, run_stop_rule)
 from .common import print_json_line
 
 
@@ -25,13 +27,16 @@ def add_policy_cost_command(subparsers) -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--acceptance", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", default=None, help="a profile JSON: plan with its costs, report shares of its step")
 
 
 def run_policy_cost(args) -> int:
     rng = random.Random(args.seed)
-    results = {}
+    profile = _load(args.profile) if args.profile else None
+    results, shares = {}, {}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        policy = make_policy(args.policy)
+        costs = CostModel.from_profile(profile) if profile else None
+        policy = make_policy(args.policy, cost_model=costs)
         stop_rule = adopt_stop_rule(policy)
         histories = [AcceptanceHistory() for _ in range(batch)]
         elapsed = 0.0
@@ -47,14 +52,32 @@ def run_policy_cost(args) -> int:
             for i, k in enumerate(ks):
                 accepted = next((j for j in range(k) if rng.random() > args.acceptance), k)
                 outcomes.append(RequestOutcome(f"r{i}", k, accepted, accepted + 1))
-            record = StepRecord(batch, max(ks), tuple(200 + step for _ in ks), tuple(outcomes), 0.01, 0.05, 0.065)
+            k = max(ks)
+            total = costs.step_seconds(batch, 200 + step, k) if costs else 0.065
+            record = StepRecord(batch, k, tuple(200 + step for _ in ks), tuple(outcomes), 0.2 * total, 0.8 * total, total)
             observe_started = time.perf_counter()
             policy.observe(record)
             elapsed += (chose - started) + (time.perf_counter() - observe_started)
         results[str(batch)] = round(1e6 * elapsed / (args.steps * batch), 2)
-        print(f"batch {batch:>4}: {results[str(batch)]:>8.2f} us per request per step")
-    print_json_line({"policy": args.policy, "steps": args.steps, "us_per_request_per_step": results})
+        line = f"batch {batch:>4}: {results[str(batch)]:>8.2f} us per request per step"
+        if costs:
+            shares[str(batch)] = round(100 * elapsed / args.steps / CostModel.from_profile(profile).step_seconds(batch, 200, 0), 4)
+            line += f" = {shares[str(batch)]:.3f}% of a one-token step"
+        print(line)
+    summary = {"policy": args.policy, "steps": args.steps, "us_per_request_per_step": results}
+    if profile:
+        summary.update(profile=profile.get("name"), percent_of_one_token_step=shares)
+    print_json_line(summary)
     return 0
+
+
+def _load(path: str) -> dict:
+    from ..profiling.profile_file import ProfileError, load_profile
+
+    try:
+        return load_profile(path)
+    except ProfileError as error:
+        raise ValueError(str(error)) from None
 
 
 def _draft_with(stop_rule, ks: list[int], rng: random.Random) -> tuple[list[int], float]:

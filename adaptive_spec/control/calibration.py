@@ -1,6 +1,6 @@
 """Calibrated acceptance from the draft's own confidence: P(draft at position j accepted | confidence).
 
-Layer 2: plain Python and math, microseconds per call.
+Layer 2: plain Python and math (numpy for the table of predictions), microseconds per call.
 
 Model (one per drafter, shared by its requests; a per-request offset on top):
 
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 _LOGIT_CLIP = 9.0  # |logit(c)| <= 9: confidences within 1.2e-4 of 0 or 1 read as that bound
 _STEP_CLIP = 2.0  # one outcome moves a parameter by at most this much
@@ -86,6 +88,13 @@ class ConfidenceCalibration:
         j = min(position, self.positions - 1)
         z = self.weight * _logit(confidence) + self.biases[j] + (offset.value if offset else 0.0)
         return _sigmoid(z)
+
+    def predict_table(self, confidences: list[float], positions: int, offset: RequestOffset | None = None) -> np.ndarray:
+        """predict() for every confidence at positions 0..positions-1: a (positions, n) array."""
+        logits = np.array([_logit(c) for c in confidences])
+        biases = np.array([self.biases[min(j, self.positions - 1)] for j in range(positions)])
+        z = self.weight * logits[None, :] + biases[:, None] + (offset.value if offset else 0.0)
+        return 1.0 / (1.0 + np.exp(-z))
 
     def update(self, confidence: float, position: int, accepted: bool, offset: RequestOffset | None = None) -> None:
         """Learn one outcome: the draft at `position` with this confidence was accepted or not."""

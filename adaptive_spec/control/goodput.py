@@ -25,7 +25,10 @@ step's cost follows K; `cost_model` gives step_seconds from a measured profile, 
    long-run form of the same objective: a ratio within one step would count its sunk draft time
    against stopping and keep drafting past the point where the time earns more in the next step.
    Rows whose survival falls below `min_row_survival` stop alone (a row of padding costs the draft
-   nothing).
+   nothing). At batch 1 (once steps are timed, and where a step is long enough that it costs under
+   1% of one) a longer ending is valued with the option to stop at a later position
+   (`stopping.py`, backward induction over the row's own recent confidences): a fixed-length
+   forecast at the mean undervalues drafting on when the next draft's confidence will tell.
 
 K = 0 is never absorbing:
 - evidence ages while a request does not draft (estimator decay), so its optimism grows back;
@@ -54,12 +57,18 @@ K's goodput by more than `hysteresis`.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from .acceptance import AcceptanceEstimator, AcceptancePrior, expected_emitted
 from .calibration import ConfidenceCalibration, RequestOffset
 from .policy import KEEP_LAST, PolicyBase, RequestView, StepRecord
+from .stopping import continuation_values, decide
+
+_RECENT = 32  # draft confidences kept per request (and, pooled, per policy) for option stopping
+_OWN = 8  # a request uses its own once it has this many; before, the pool's
+_QUANTILES = 8  # the sample of next-draft acceptance is cut to this many quantiles
 
 
 class StepCost(Protocol):
@@ -82,6 +91,8 @@ class GoodputConfig:
     probe_budget: float = 0.03  # probes of a useless drafter cost at most this share of the time at k = 0
     stop_inside_step: bool = True
     min_row_survival: float = 0.05
+    option_stopping: bool = True  # at batch 1, value drafting on with the option to stop later (stopping.py)
+    option_min_step_seconds: float = 0.05  # ... when a step takes this long: its tables cost ~0.3 ms a step
 
     def __post_init__(self) -> None:
         checks = [
@@ -95,6 +106,7 @@ class GoodputConfig:
             (self.probe_k >= 0, "probe_k must be >= 0 (0 = automatic)"),
             (0 < self.probe_budget <= 1, "probe_budget must be in (0, 1]"),
             (0 <= self.min_row_survival < 1, "min_row_survival must be in [0, 1)"),
+            (self.option_min_step_seconds >= 0, "option_min_step_seconds must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
@@ -109,6 +121,7 @@ class _RequestState:
     probe_interval: int = 8
     probing: bool = False
     resume: bool = False  # its last probe was fully accepted: probe again on the next step
+    confidences: deque = field(default_factory=lambda: deque(maxlen=_RECENT))  # its recent draft confidences
 
 
 @dataclass
@@ -144,10 +157,12 @@ class GoodputPolicy(PolicyBase):
         self._batch: tuple[int, float] = (1, 0.0)  # its batch size and context
         self.last_goodput: list[float] = []  # goodput per K at the last choice, for inspection
         self.rate_ema: float | None = None  # tokens per predicted second of recent steps
+        self._pool: deque = deque(maxlen=2 * _RECENT)  # recent draft confidences of all requests
+        self._options: tuple | None = None  # option-stopping tables of the step being drafted
 
     # --- decision 1: draft at all? -----------------------------------------------------------
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
-        self._step, self._step_ids = [], []
+        self._step, self._step_ids, self._options = [], [], None
         if not requests:
             return []
         states = self._states_for(requests)
@@ -191,12 +206,19 @@ class GoodputPolicy(PolicyBase):
                 row.drafting = False
                 continue
             row.confidences.append(float(confidence))
+            row.state.confidences.append(float(confidence))
+            self._pool.append(float(confidence))
             p = self.calibration.predict(confidence, position, row.state.offset)
             shown.append((row, row.survival * p))
         if not shown:
             return [False] * len(rows)
         deciding = [(row, survival) for row, survival in shown if row.probe_k <= position]
-        verdict = self._best_ending(position, deciding) if deciding and self.config.stop_inside_step else True
+        if not deciding or not self.config.stop_inside_step:
+            verdict = True
+        elif len(rows) == 1 and self.rate_ema is not None and self._options_pay():
+            verdict = self._option_ending(position, *deciding[0])
+        else:
+            verdict = self._best_ending(position, deciding)
         for row, survival in shown:
             if row.probe_k > position:  # a probe keeps its drafts whatever the forecast: that is how it learns
                 answer = True if position + 1 < row.probe_k else KEEP_LAST
@@ -232,6 +254,34 @@ class GoodputPolicy(PolicyBase):
             value = [(fixed + gain) / max(self._step_cost(position, position + e), 1e-12) for e, gain in enumerate(added)]
         best = max(range(len(value)), key=value.__getitem__)
         return False if best == 0 else KEEP_LAST if best == 1 else True
+
+    def _options_pay(self) -> bool:
+        return self.config.option_stopping and self._costs[0] >= self.config.option_min_step_seconds
+
+    def _option_ending(self, position: int, row: _Row, survival: float) -> bool | int:
+        """One row: the ending with the best long-run value, drafting on valued with the option
+        to stop at a later position (`stopping.py`)."""
+        if self._options is None:
+            limit = max(min(row.limit, len(self._costs) - 1), 1)
+            forwards = self._draft_forward_seconds(limit + 1)
+            drop = [self._costs[j] + forwards[j + 1] - forwards[j] for j in range(limit)]
+            keep = self._costs[1: limit + 1]
+            recent = row.state.confidences if len(row.state.confidences) >= _OWN else self._pool
+            sample = _quantiles(list(recent) or [self.config.prior_rate], _QUANTILES)
+            acceptance = self.calibration.predict_table(sample, limit, row.state.offset)
+            self._options = (drop, keep, continuation_values(drop, keep, acceptance, self.rate_ema))
+        drop, keep, continuation = self._options
+        j = min(position, len(drop) - 1)
+        answer = decide(survival, j, drop, keep, continuation[j], self.rate_ema)
+        return (False, KEEP_LAST, True)[answer]
+
+    def _draft_forward_seconds(self, count: int) -> list[float]:
+        """Draft-loop seconds for 0..count-1 forwards (zeros when the cost model has no draft split)."""
+        draft_seconds = getattr(self.cost_model, "draft_seconds", None)
+        if draft_seconds is None:
+            return [0.0] * count
+        batch, context = self._batch
+        return [draft_seconds(batch, context, n) for n in range(count)]
 
     def _step_cost(self, position: int, final: int) -> float:
         """The step's cost if it verifies `final` drafts, having run the draft forwards of
@@ -342,6 +392,14 @@ class GoodputPolicy(PolicyBase):
             if price < best_price:
                 best, best_price = k, price
         return best
+
+
+def _quantiles(values: list[float], count: int) -> list[float]:
+    """`count` evenly spaced quantiles (midpoints) of `values`, or all of them if fewer."""
+    ordered = sorted(values)
+    if len(ordered) <= count:
+        return ordered
+    return [ordered[int((i + 0.5) * len(ordered) / count)] for i in range(count)]
 
 
 def _expected_prefix(rates: list[float], k_max: int) -> list[float]:
