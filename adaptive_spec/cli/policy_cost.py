@@ -16,6 +16,7 @@ import time
 
 from ..control import (AcceptanceHistory, CostModel, RequestOutcome, RequestView, StepRecord, adopt_stop_rule,
                        make_policy, run_stop_rule)
+from ..profiling.profile_file import load_profile
 from .common import print_json_line
 
 
@@ -32,7 +33,8 @@ def add_policy_cost_command(subparsers) -> None:
 
 def run_policy_cost(args) -> int:
     rng = random.Random(args.seed)
-    profile = _load(args.profile) if args.profile else None
+    profile = load_profile(args.profile) if args.profile else None  # a ProfileError is a user error in main
+    reference = CostModel.from_profile(profile) if profile else None  # uncorrected: the step a share is of
     results, shares = {}, {}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         costs = CostModel.from_profile(profile) if profile else None
@@ -61,7 +63,7 @@ def run_policy_cost(args) -> int:
         results[str(batch)] = round(1e6 * elapsed / (args.steps * batch), 2)
         line = f"batch {batch:>4}: {results[str(batch)]:>8.2f} us per request per step"
         if costs:
-            shares[str(batch)] = round(100 * elapsed / args.steps / CostModel.from_profile(profile).step_seconds(batch, 200, 0), 4)
+            shares[str(batch)] = round(100 * elapsed / args.steps / reference.step_seconds(batch, 200, 0), 4)
             line += f" = {shares[str(batch)]:.3f}% of a one-token step"
         print(line)
     summary = {"policy": args.policy, "steps": args.steps, "us_per_request_per_step": results}
@@ -69,15 +71,6 @@ def run_policy_cost(args) -> int:
         summary.update(profile=profile.get("name"), percent_of_one_token_step=shares)
     print_json_line(summary)
     return 0
-
-
-def _load(path: str) -> dict:
-    from ..profiling.profile_file import ProfileError, load_profile
-
-    try:
-        return load_profile(path)
-    except ProfileError as error:
-        raise ValueError(str(error)) from None
 
 
 def _draft_with(stop_rule, ks: list[int], rng: random.Random) -> tuple[list[int], float]:

@@ -263,9 +263,8 @@ class GoodputPolicy(PolicyBase):
         to stop at a later position (`stopping.py`)."""
         if self._options is None:
             limit = max(min(row.limit, len(self._costs) - 1), 1)
-            forwards = self._draft_forward_seconds(limit + 1)
-            drop = [self._costs[j] + forwards[j + 1] - forwards[j] for j in range(limit)]
-            keep = self._costs[1: limit + 1]
+            drop = [self._step_cost(j, j) for j in range(limit)]
+            keep = [self._step_cost(j, j + 1) for j in range(limit)]
             recent = row.state.confidences if len(row.state.confidences) >= _OWN else self._pool
             sample = _quantiles(list(recent) or [self.config.prior_rate], _QUANTILES)
             acceptance = self.calibration.predict_table(sample, limit, row.state.offset)
@@ -274,14 +273,6 @@ class GoodputPolicy(PolicyBase):
         j = min(position, len(drop) - 1)
         answer = decide(survival, j, drop, keep, continuation[j], self.rate_ema)
         return (False, KEEP_LAST, True)[answer]
-
-    def _draft_forward_seconds(self, count: int) -> list[float]:
-        """Draft-loop seconds for 0..count-1 forwards (zeros when the cost model has no draft split)."""
-        draft_seconds = getattr(self.cost_model, "draft_seconds", None)
-        if draft_seconds is None:
-            return [0.0] * count
-        batch, context = self._batch
-        return [draft_seconds(batch, context, n) for n in range(count)]
 
     def _step_cost(self, position: int, final: int) -> float:
         """The step's cost if it verifies `final` drafts, having run the draft forwards of
