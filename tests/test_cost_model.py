@@ -353,3 +353,22 @@ def test_layer_two_imports_no_torch_or_scipy():
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & {"torch", "scipy", "transformers"}
+
+
+def test_catch_up_is_priced_from_the_profile_then_from_timed_catch_ups():
+    profile = make_profile()
+    assert CostModel.from_profile(profile).catch_up_seconds(100) == 0.0  # not measured: not priced
+    profile["draft_catch_up"] = {"seconds_per_token": 0.006}
+    model = CostModel.from_profile(profile)
+    assert model.catch_up_seconds(250) == pytest.approx(1.5)
+    assert model.catch_up_seconds(0) == 0.0
+    for seconds in (2.0, 2.2, 9.0):  # 1000 tokens each; the 9 s step is an outlier the median ignores
+        model.observe_catch_up(1000, seconds)
+    assert model.catch_up_seconds(500) == pytest.approx(1.1)
+    model.reset_corrections()
+    assert model.catch_up_seconds(250) == pytest.approx(1.5)
+    profile["draft_catch_up"] = {"seconds_per_token": "fast"}
+    with pytest.raises(ValueError, match="draft_catch_up"):
+        CostModel.from_profile(profile)
+    with pytest.raises(ValueError, match="catch_up_per_token"):
+        CostModel.from_profile(make_profile(), catch_up_per_token=-1.0)

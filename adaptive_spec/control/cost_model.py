@@ -69,6 +69,12 @@ draft cache caught up on more than 2 tokens (after steps without speculation) do
 draft correction: its extra time is a prefill-like cost of its own, kept as a per-token median
 (`draft_catchup_seconds`), so a probe after a long pause cannot make draft tokens look expensive.
 
+A host whose draft skips steps at K = 0 (vLLM's lazy draft) pays instead, before its next step that
+drafts, one draft pass over every token its rows missed, summed over the rows: a prefill-like cost
+linear in those tokens. ``catch_up_seconds(tokens)`` prices it: from the profile's measured seconds
+per missed token (``draft_catch_up.seconds_per_token``) until the host has timed catch-ups of its own
+(``observe_catch_up``), then the median of the last ``window`` of those; 0 where neither is known.
+
 A cell therefore converges after ``min_cell_obs`` of its own observations, every other cell after
 ``window // 2 + 1`` observations of the component. With no profile at all, ``CostModel.default()``
 starts from a conservative generic shape (verify cost growing with every token, a draft token
@@ -505,6 +511,7 @@ class CostModel:
         overhead_rows: Sequence[Mapping[str, Any]] = (),
         *,
         catchup_tokens: float = 1.5,
+        catch_up_per_token: float | None = None,
         monotone: str = "measured",
         noise_tolerance: float = 0.05,
         window: int = 8,
@@ -522,6 +529,9 @@ class CostModel:
         # `profiling.profile_file.load_acceptance`): a policy that learns acceptance may start from it.
         self.warm_start: dict | None = None
         self.catchup_tokens = float(catchup_tokens)
+        if catch_up_per_token is not None and not (math.isfinite(catch_up_per_token) and catch_up_per_token >= 0):
+            raise ValueError(f"catch_up_per_token must be a finite number >= 0, got {catch_up_per_token!r}")
+        self.catch_up_per_token = catch_up_per_token  # measured by the profile; None = not measured
         if monotone not in MONOTONE_MODES:
             raise ValueError(f"monotone must be one of {MONOTONE_MODES}, got {monotone!r}")
         self.monotone, self.noise_tolerance = monotone, float(noise_tolerance)
@@ -546,6 +556,10 @@ class CostModel:
         draft_rows = data.get("draft") or ()
         draft = _Grid.from_rows(draft_rows, "draft") if draft_rows else None
         name = data.get("name") or "profile"
+        catch_up = data.get("draft_catch_up") or {}
+        if not isinstance(catch_up, Mapping) or not isinstance(catch_up.get("seconds_per_token", 0.0), (int, float)):
+            raise ValueError("a profile's draft_catch_up must be a mapping with a number seconds_per_token")
+        options.setdefault("catch_up_per_token", catch_up.get("seconds_per_token"))
         return cls(target, draft, data.get("overhead") or (), source=str(name), **options)
 
     @classmethod
@@ -715,9 +729,24 @@ class CostModel:
             return None
         return _median(self._catchup) * max(tokens - self.catchup_tokens, 0.0)
 
+    def catch_up_seconds(self, tokens: int) -> float:
+        """Seconds for a lazy draft to run over `tokens` context tokens it missed (summed over rows):
+        timed online once the host has reported catch-ups, else the profile's figure, else 0."""
+        if tokens <= 0:
+            return 0.0
+        if self._catch_up:
+            return _median(self._catch_up) * tokens
+        return (self.catch_up_per_token or 0.0) * tokens
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        """A host timed a catch-up: `seconds` beyond the step's own cost for `tokens` missed tokens."""
+        if tokens > 0 and math.isfinite(seconds):
+            self._catch_up.append(max(seconds, 0.0) / tokens)
+
     def reset_corrections(self) -> None:
         """Forget everything learned online (back to the profile)."""
         self._catchup: deque[float] = deque(maxlen=self._windows[0])  # seconds per catch-up token
+        self._catch_up: deque[float] = deque(maxlen=self._windows[0])  # seconds per missed token, lazy draft
         window, cell_window, min_cell_obs = self._windows
         self._tc = _Correction(window, cell_window, min_cell_obs)
         self._dc = _Correction(window, cell_window, min_cell_obs)

@@ -7,6 +7,12 @@ part: a `target` row with query_tokens = K + 1, and no draft or overhead rows (t
 stand-ins fill those). `CostModel.step_seconds(b, c, K)` then predicts the measured whole step; the
 fingerprint names the engine (`"engine": "vllm"`, its version, the drafter).
 
+The lazy draft's catch-up (`lazy_draft.py`: after steps at K = 0 the draft runs once over every
+token it missed) is measured apart, as `draft_catch_up.seconds_per_token`: b requests whose
+prompts hold c tokens decode `CATCH_UP_OFF_STEPS` steps at K = 0 and then draft; the step that
+resumes drafting, less the mean of a K = 0 and a K = 1 step (it verifies as one and drafts as the
+other), divided by the tokens the draft caught up on (prompts and skipped tokens, summed over rows).
+
 How a cell is measured: b requests whose prompts hold c tokens run together under a fixed k = K
 (the plug-in with a static policy); steps that prefill, or where a drafter proposed fewer than K
 tokens, are dropped; the first `warmup` decoding steps are not kept. Prompts repeat a random
@@ -30,6 +36,8 @@ from .engine import EngineSpec, make_llm
 QUICK_GRID = {"batch_sizes": (1, 4), "contexts": (128, 512), "ks": (0, 1, 3, 5), "warmup": 2, "repeats": 6}
 FULL_GRID = {"batch_sizes": (1, 2, 4, 8), "contexts": (128, 512, 1024), "ks": (0, 1, 2, 3, 4, 5, 6),
              "warmup": 3, "repeats": 10}
+CATCH_UP_CELLS = ((1, 256), (4, 256))  # (batch, prompt tokens)
+CATCH_UP_OFF_STEPS, CATCH_UP_ROUNDS = 8, 2
 
 
 class _StepTimes:
@@ -77,6 +85,7 @@ def profile_vllm(spec: EngineSpec, grid: dict, name: str | None = None, progress
                 rows.append(_row(batch, context, k + 1, kept))
                 print(f"[batch {batch} context {context} K {k}: {rows[-1]['median'] * 1000:.0f} ms/step]",
                       file=progress)
+    catch_up = measure_catch_up(llm, progress) if spec.drafter != "ngram" else None
     import vllm
 
     fingerprint = machine_fingerprint("cpu")
@@ -94,7 +103,77 @@ def profile_vllm(spec: EngineSpec, grid: dict, name: str | None = None, progress
         "grid": {"batch_sizes": list(grid["batch_sizes"]), "contexts": list(grid["contexts"]),
                  "query_tokens": [k + 1 for k in grid["ks"]]},
         "target": rows, "draft": [], "overhead": [], "warnings": warnings,
+        **({"draft_catch_up": catch_up} if catch_up else {}),
     }
+
+
+class _CatchUps:
+    """Stands in for a cost model in the controller: keeps the catch-ups it is told of, predicts 0."""
+
+    def __init__(self):
+        self.seen: list[tuple[int, float]] = []  # (tokens, whole resume step seconds)
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        self.seen.append((tokens, seconds))
+
+    def step_seconds(self, *args) -> float:
+        return 0.0
+
+    draft_seconds = target_seconds = overhead_seconds = step_seconds
+
+
+def measure_catch_up(llm, progress=sys.stderr, cells=CATCH_UP_CELLS, off_steps=CATCH_UP_OFF_STEPS,
+                     rounds=CATCH_UP_ROUNDS) -> dict | None:
+    """Seconds per token of the lazy draft's catch-up (see the module docstring); None where the
+    engine does not run the lazy draft (or no resume step was seen)."""
+    from vllm import SamplingParams
+
+    from .scheduler import scheduler_of
+    from .upkeep_bench import OffThenOn
+
+    scheduler = scheduler_of(llm)
+    if not scheduler.lazy_draft:
+        return None
+    rng = np.random.default_rng(1)
+    samples, kept = [], []
+    for batch, context in cells:
+        for _ in range(rounds):
+            prompts = [{"prompt_token_ids": rng.integers(100, 20000, size=context).tolist()} for _ in range(batch)]
+            policy, recorder = OffThenOn(off_steps, 1), _CatchUps()
+            scheduler.use_controller(SpecController(policy, recorder))
+            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=off_steps + 8, ignore_eos=True),
+                         use_tqdm=False)
+            steps = np.diff(policy.stamps)  # steps[i]: the step that began with choice i
+            resumes = [(tokens, seconds) for tokens, seconds in recorder.seen if tokens >= batch * context]
+            if not resumes or len(steps) < off_steps + 4:
+                continue
+            tokens, seconds = resumes[0]
+            own = (np.median(steps[2:off_steps - 1]) + np.median(steps[off_steps + 2:])) / 2
+            samples.append(max(seconds - own, 0.0) / tokens)
+            kept.append({"batch": batch, "context": context, "tokens": tokens, "resume_seconds": round(seconds, 4),
+                         "own_seconds": round(float(own), 4)})
+            print(f"[catch-up batch {batch}: {tokens} tokens, {samples[-1] * 1000:.2f} ms/token]", file=progress)
+    if not samples:
+        return None
+    return {"seconds_per_token": float(np.median(samples)), "samples": [round(x, 7) for x in samples],
+            "cells": kept, "off_steps": off_steps}
+
+
+def add_catch_up(path: str, spec: EngineSpec) -> dict:
+    """Measure the catch-up on this machine and write it into an existing vLLM profile."""
+    from ...profiling.profile_file import load_profile
+
+    profile = dict(load_profile(path))
+    if profile.get("fingerprint", {}).get("engine") != "vllm":
+        raise ValueError(f"{path} is not a vLLM profile (its fingerprint names no vLLM engine)")
+    llm = make_llm(spec)
+    catch_up = measure_catch_up(llm)
+    if catch_up is None:
+        raise RuntimeError("no catch-up was measured: the engine has no lazy draft model")
+    catch_up["measured_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    profile["draft_catch_up"] = catch_up
+    save_profile(profile, path)
+    return catch_up
 
 
 def _row(batch: int, context: int, query_tokens: int, samples: list[float]) -> dict:
@@ -127,3 +206,13 @@ def run_vllm_profile(args) -> int:
     print(json.dumps({"command": "profile", "ok": True, "engine": "vllm", "out": str(out),
                       "cells": len(profile["target"]), "elapsed_seconds": profile["elapsed_seconds"]}))
     return 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Measure the lazy draft's catch-up into a vLLM profile.")
+    parser.add_argument("--add-catch-up", required=True, metavar="PROFILE", help="the vLLM profile to extend")
+    parser.add_argument("--pair", default="qwen-coder")
+    options = parser.parse_args()
+    print(json.dumps(add_catch_up(options.add_catch_up, EngineSpec.for_pair(options.pair, max_k=1))))
