@@ -224,3 +224,62 @@ def test_run_stop_rule_shows_each_row_until_its_k_its_end_or_the_rules_stop():
     assert kept == [3, 2, 0, 1, 0] and positions == 3
     assert seen == [(0, [0.5, 0.5, 0.5, 0.5, None]), (1, [0.5, 0.5, None, None, None]),
                     (2, [0.5, None, None, None, None])]
+
+
+class LazyDraftCosts(LinearCosts):
+    """LinearCosts plus a lazy draft's catch-up at `per_token` seconds per missed token."""
+
+    def __init__(self, per_token, **options):
+        super().__init__(**options)
+        self.per_token = per_token
+
+    def catch_up_seconds(self, tokens):
+        return self.per_token * max(tokens, 0)
+
+
+def test_a_lazy_drafts_catch_up_is_charged_spread_over_the_steps_a_row_has_left():
+    """goodput(K) = sum E_i(K) / (step(K) + sum catch_up_i * E_i(K) / remaining_i): a batch whose
+    drafts are 30 s behind per row stays at K = 0 with 100 tokens to go, drafts with 5000 to go,
+    and drafts at once when nothing is behind (the control)."""
+    costs, rate, batch, k_max = LazyDraftCosts(0.03), 0.8, 8, 4
+
+    def choose(behind, remaining):
+        policy = GoodputPolicy(costs, GoodputConfig(max_k=k_max, hysteresis=0.0, exploration_z=0.0))
+        requests = [RequestView(f"r{i}", 300, remaining, k_max, AcceptanceHistory(), behind) for i in range(batch)]
+        policy.choose(requests)  # create the states, then pin their estimates to a known rate
+        for state in policy._requests.values():
+            state.estimator.optimistic_rates = lambda k, z: [rate] * k
+        policy._batch_k = 0
+        ks = policy.choose(requests)
+        table = costs.step_seconds_table(batch, 300, k_max)
+        expected = [expected_emitted([rate], k) for k in range(k_max + 1)]
+        closed_form = [batch * e / (t + (batch * 0.03 * behind * e / remaining if k else 0.0))
+                       for k, (e, t) in enumerate(zip(expected, table))]
+        assert policy.last_goodput == pytest.approx(closed_form, rel=1e-9)
+        return max(ks)
+
+    assert choose(behind=0, remaining=100) > 0
+    assert choose(behind=1000, remaining=100) == 0
+    assert choose(behind=1000, remaining=5000) > 0
+
+
+def test_a_probe_waits_until_its_catch_up_is_paid_for():
+    """A useless drafter, K = 0: a probe would make the lazy draft catch up on 300 + tokens (3 s at
+    10 ms a token, steps of 1 s), so the first probe waits until 3% of the time off covers it
+    (>= 100 steps); with nothing behind (the control) probes come at the base interval (8)."""
+
+    def first_probe(per_token):
+        policy = GoodputPolicy(LazyDraftCosts(per_token, slope=0.2), GoodputConfig(prior_rate=0.05))
+        behind = 300
+        for step in range(400):
+            ks = policy.choose([RequestView("r0", 300 + step, 1000, 8, AcceptanceHistory(), behind)])
+            if ks[0]:
+                return step
+            policy.observe(StepRecord(1, 0, (300 + step,), (RequestOutcome("r0", 0, 0, 1),), 0.0, 0.0, 0.0))
+            behind += 1
+        return None
+
+    assert first_probe(per_token=0.0) <= 8
+    late = first_probe(per_token=0.01)
+    # steps_off * 0.03 * 1 s >= 0.01 * (300 + steps_off)  =>  steps_off >= 150
+    assert late is not None and 150 <= late <= 160

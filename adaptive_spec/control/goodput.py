@@ -43,15 +43,22 @@ K = 0 is never absorbing:
   and goes on until the new evidence makes it pay by itself (or a probe fails);
 - the shared prior forgets at 0.98 per outcome, so a bad phase fades from it within ~50 outcomes.
 The draft cache's catch-up after steps without speculation is timed as its own cost in the cost
-model (not folded into the per-token draft cost), and not charged to the decision that resumes
-drafting: any future drafting pays it, and charging it to one step would make k = 0 stickier the
-longer it lasts.
+model (not folded into the per-token draft cost). In our engine it is a token or two per row plus
+those emitted at K = 0, and is not charged to the decision that resumes drafting. A host whose draft
+skips K = 0 steps entirely (vLLM's lazy draft) reports per row the tokens its draft has missed
+(`RequestView.draft_behind`: the whole prompt, for a request that has never drafted). A step that
+drafts makes every such row catch up, at the cost model's `catch_up_seconds`. That is an investment
+in the row's drafting for the rest of the request, so `choose` charges it spread over the steps
+the row has left at each K: it keeps a batch at K = 0 where one draft per row is worth little (a
+loaded CPU), and a row near its end from resuming. A probe in a step that would not draft pays the
+whole catch-up, so it waits until its request's time without speculation covers that at
+`probe_budget`.
 
 Warm start: `state()` / `load_state()` carry the prior and the calibration across processes (the
 CLI keeps them beside the profile).
 
 Flapping guard: the decision before drafting changes K only when the new best beats the current
-K's goodput by more than `hysteresis`.
+K's goodput by more than `hysteresis`, unless staying at the current K would need a catch-up.
 """
 
 from __future__ import annotations
@@ -173,18 +180,30 @@ class GoodputPolicy(PolicyBase):
         self._batch = (len(requests), context)
         self._costs = costs = self.cost_model.step_seconds_table(len(requests), context, k_max)
         gains = [0.0] * (k_max + 1)
+        catch_up = [0.0] * (k_max + 1)  # per K > 0: the lazy draft's catch-up, amortised (see below)
+        seconds_per_behind = self._catch_up_rate(requests)
         for request, state in zip(requests, states):
             rates = state.estimator.optimistic_rates(k_max, self.config.exploration_z)
             expected = _expected_prefix(rates, k_max)
             for k in range(k_max + 1):
                 gains[k] += expected[min(k, request.max_k)]
-        self.last_goodput = [gain / max(cost, 1e-12) for gain, cost in zip(gains, costs)]
+                if k and request.draft_behind:
+                    # One catch-up buys this row's drafting for the rest of the request: spread it
+                    # over the steps it has left at this K, so a row near its end does not resume.
+                    steps_left = max(request.remaining_tokens / expected[min(k, request.max_k)], 1.0)
+                    catch_up[k] += seconds_per_behind * request.draft_behind / steps_left
+        self.last_goodput = [gain / max(cost + extra, 1e-12) for gain, cost, extra in zip(gains, costs, catch_up)]
         best = max(range(k_max + 1), key=self.last_goodput.__getitem__)
         current = min(self._batch_k, k_max)
-        if self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis):
+        # Hysteresis spares the cost of flapping; staying at a K that needs a catch-up is not free,
+        # so it gets no such protection (drafting must then pay for the catch-up by itself).
+        protected = not catch_up[current]
+        if protected and self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis):
             best = current
         self._batch_k = best
-        probes = self._probes(requests, states, costs)
+        # A probe in a step that would not draft makes every row that is behind catch up, in full.
+        probe_catch_up = 0.0 if best else seconds_per_behind * sum(r.draft_behind for r in requests)
+        probes = self._probes(requests, states, costs, probe_catch_up)
         if best == 0:
             ks = probes
         else:
@@ -345,14 +364,26 @@ class GoodputPolicy(PolicyBase):
                 self.calibration.new_offset(), probe_interval=self.config.probe_interval)
         return [self._requests[r.request_id] for r in requests]
 
-    def _probes(self, requests: Sequence[RequestView], states: list[_RequestState], costs: list[float]) -> list[int]:
+    def _catch_up_rate(self, requests: Sequence[RequestView]) -> float:
+        """Seconds per context token a lazy draft missed (0 when no row is behind or nothing prices it)."""
+        price = getattr(self.cost_model, "catch_up_seconds", None)
+        if price is None or not any(r.draft_behind for r in requests):
+            return 0.0
+        return price(1)  # linear in tokens
+
+    def _probes(self, requests: Sequence[RequestView], states: list[_RequestState], costs: list[float],
+                catch_up: float = 0.0) -> list[int]:
         """Probe lengths (0 = none) for requests that have not drafted for a while, whether the
-        batch drafts or not (a drafting batch may still have dropped their drafts inside the step)."""
+        batch drafts or not (a drafting batch may still have dropped their drafts inside the step).
+        `catch_up`: what a probe would add in draft catch-up; a probe waits until the time its
+        request spent without speculation pays for that at `probe_budget`."""
         ks = []
         for request, state in zip(requests, states):
             # After a fully accepted probe the next probe is due at once: probes chain until the
             # evidence they add makes drafting pay by itself.
             due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
+            if due and catch_up > self.config.probe_budget * state.steps_off * costs[0]:
+                due = False
             state.resume = False
             k = min(self._probe_length(state, costs), request.max_k)
             if due:

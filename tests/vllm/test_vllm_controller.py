@@ -9,8 +9,8 @@ import pytest
 from adaptive_spec.control.cost_model import CostModel
 from adaptive_spec.control.policy import StaticPolicy
 from adaptive_spec.control.step_timing import whole_step_record
-from adaptive_spec.integrations.vllm.controller import (POLICY_ENV, PROFILE_ENV, ControllerSettings, RunningRequest,
-                                                         SpecController, VerifiedRequest)
+from adaptive_spec.integrations.vllm.controller import (MIN_TIMED_CATCH_UP, POLICY_ENV, PROFILE_ENV, ControllerSettings,
+                                                         RunningRequest, SpecController, VerifiedRequest)
 from adaptive_spec.profiling.profile_file import ProfileError
 
 
@@ -162,3 +162,49 @@ def test_bench_figures_per_workload_and_ratios_to_the_best_static_configuration(
     assert goodput["workloads"]["sharegpt"]["best_static"] == "vllm-off"
     assert goodput["workloads"]["sharegpt"]["ratio_to_vllm_off"] == 1.0
     assert static["workloads"]["sharegpt"]["ratio_to_best_static"] == 0.5
+
+
+class CatchUpCosts:
+    """A cost model that predicts 1 s per step and keeps the catch-ups it is told of."""
+
+    def __init__(self):
+        self.catch_ups = []
+
+    def step_seconds(self, batch, context, k):
+        return 1.0
+
+    def draft_seconds(self, batch, context, k):
+        return 0.0
+
+    target_seconds = overhead_seconds = step_seconds
+
+    def observe_catch_up(self, tokens, seconds):
+        self.catch_ups.append((tokens, seconds))
+
+
+def test_a_catch_up_step_is_timed_as_catch_up_not_as_a_step():
+    ticks = iter([0.0, 4.0, 10.0, 14.0])
+    costs = CatchUpCosts()
+    policy = RecordingPolicy(1)
+    controller = SpecController(policy, costs, clock=lambda: next(ticks))
+    controller.choose([RunningRequest("a", 300, 50, 1, draft_behind=300)])
+    controller.start_step()
+    record = controller.finish_step([VerifiedRequest("a", 0, 0, 1, 301)], catch_up_tokens=300)
+    assert costs.catch_ups == [(300, pytest.approx(3.0))]  # 4 s less the predicted 1 s step
+    assert record.total_seconds == 0.0 and policy.records == [record]  # the policy learns no step cost
+    controller.start_step()
+    controller.finish_step([VerifiedRequest("a", 1, 1, 2, 303)], catch_up_tokens=MIN_TIMED_CATCH_UP - 1)
+    assert len(costs.catch_ups) == 1  # too short to stand out of a step's noise
+
+
+def test_the_policy_sees_how_far_each_lazy_draft_is_behind():
+    seen = []
+
+    class Looking(StaticPolicy):
+        def choose(self, views):
+            seen.extend(v.draft_behind for v in views)
+            return super().choose(views)
+
+    controller = SpecController(Looking(2))
+    controller.choose([RunningRequest("a", 300, 50, 2, draft_behind=280), RunningRequest("b", 40, 50, 2)])
+    assert seen == [280, 0]

@@ -102,3 +102,39 @@ def test_lazy_drafting_acts_only_under_this_projects_scheduler():
     assert not lazy_draft.enabled_for("vllm.v1.core.sched.scheduler.Scheduler")
     assert lazy_draft.install() and lazy_draft.install()  # idempotent
 
+
+
+def test_the_policy_is_shown_what_each_lazy_draft_missed(engines, reference):
+    """`draft_behind` as the scheduler counts it: at the first choice that drafts, each request's
+    draft has missed its whole prompt and every token of the phase at k = 0; after a step that
+    drafted, nothing beyond the step's own drafts. The catch-up the controller is told of is the
+    worker's own count of caught-up tokens."""
+
+    class Watching(OffThenOn):
+        def __init__(self):
+            super().__init__(OFF_STEPS, 3)
+            self.behind = []
+
+        def choose(self, views):
+            self.behind.append([view.draft_behind for view in views])
+            return super().choose(views)
+
+    policy = Watching()
+    llm = engines.get(SELF_DRAFT)
+    controller = SpecController(policy)
+    told = []
+    finish_step = controller.finish_step
+
+    def counting(verified, *args, catch_up_tokens=0, **kwargs):
+        told.append(catch_up_tokens)
+        return finish_step(verified, *args, catch_up_tokens=catch_up_tokens, **kwargs)
+
+    controller.finish_step = counting
+    scheduler_of(llm).use_controller(controller)
+    before = _tracker_stats(llm)[1]
+    llm.generate(list(PROMPTS_USED), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    caught_up = _tracker_stats(llm)[1] - before
+    resume = policy.behind[OFF_STEPS]  # the first choice of k = 3 (a request may have finished by then)
+    assert resume and all(behind >= OFF_STEPS - 1 for behind in resume), resume
+    assert all(behind <= 3 for step in policy.behind[OFF_STEPS + 2:] for behind in step)
+    assert sum(told) == caught_up > 0

@@ -38,6 +38,8 @@ from ...control.step_timing import whole_step_record
 POLICY_ENV = "ADAPTIVE_SPEC_VLLM_POLICY"
 PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
 DEFAULT_POLICY = "goodput"
+# Catch-ups shorter than this many tokens are not timed: their extra time is within a step's noise.
+MIN_TIMED_CATCH_UP = 64
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class RunningRequest:
     context_length: int  # tokens the request will hold when these drafts are verified
     remaining_tokens: int  # tokens it may still emit after the step in flight
     cap: int  # the most drafts the host can verify for it (configured length, budget, model length)
+    draft_behind: int = 0  # context tokens its lazy draft has missed (caught up before it drafts again)
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,8 @@ class SpecController:
     def choose(self, requests: Sequence[RunningRequest]) -> dict[str, int]:
         """k per request id for the drafts proposed in this step (0 where the policy fails)."""
         views = [RequestView(self._key(r.request_id), r.context_length, max(r.remaining_tokens, 0), max(r.cap, 0),
-                             self._histories.setdefault(r.request_id, AcceptanceHistory())) for r in requests]
+                             self._histories.setdefault(r.request_id, AcceptanceHistory()), max(r.draft_behind, 0))
+                 for r in requests]
         try:
             ks = choose_ks(self.policy, views)
         except PolicyError as error:
@@ -167,13 +171,21 @@ class SpecController:
         return self._chosen.get(request_id, 0)
 
     # --- after a step --------------------------------------------------------------------------
-    def finish_step(self, verified: Sequence[VerifiedRequest], timed: bool = True, observe: bool = True) -> StepRecord | None:
+    def finish_step(self, verified: Sequence[VerifiedRequest], timed: bool = True, observe: bool = True,
+                    catch_up_tokens: int = 0) -> StepRecord | None:
         """Record each request's outcome and tell the policy (unless `observe` is False: another scheduler
-        chose this step's k); `timed` = the step was a pure decode step, so its wall time is a step cost."""
+        chose this step's k); `timed` = the step was a pure decode step, so its wall time is a step cost.
+        `catch_up_tokens`: context tokens the lazy draft caught up on in this step (summed over rows).
+        Such a step's time is not a step cost: what it took beyond one goes to the cost model as
+        catch-up time, when the catch-up was long enough to stand out of a step's noise."""
         started, self._step_started = self._step_started, None
         if not verified:
             return None
         total = self.clock() - started if (timed and started is not None) else 0.0
+        if catch_up_tokens:
+            if total > 0 and catch_up_tokens >= MIN_TIMED_CATCH_UP and self.cost_model is not None:
+                self.cost_model.observe_catch_up(catch_up_tokens, total - self._step_without_catch_up(verified))
+            total = 0.0
         outcomes = []
         for request in verified:
             history = self._histories.setdefault(request.request_id, AcceptanceHistory())
@@ -195,6 +207,14 @@ class SpecController:
         except Exception as error:  # a policy is an optimisation: it must never take vLLM's engine down
             self._fail(PolicyError(f"policy {self.policy.name!r} raised {type(error).__name__} in observe: {error}"))
         return record
+
+    def _step_without_catch_up(self, verified: Sequence[VerifiedRequest]) -> float:
+        """The predicted step: it verified the previous step's drafts and drafted this step's K, and a
+        profiled whole step does both at one K, so the mean of the two whole steps stands in."""
+        batch, context = len(verified), max(r.context_length for r in verified)
+        verified_k, drafted_k = max(r.drafted for r in verified), max(self._chosen.values(), default=0)
+        return (self.cost_model.step_seconds(batch, context, verified_k)
+                + self.cost_model.step_seconds(batch, context, drafted_k)) / 2
 
     def _fail(self, error: PolicyError) -> None:
         self.stats.policy_failures += 1

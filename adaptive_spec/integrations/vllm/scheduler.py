@@ -17,7 +17,8 @@ Hooks used (vLLM 0.32, synchronous scheduling, which the CPU platform forces):
 The configured `num_speculative_tokens` is the cap on any k: vLLM sizes its buffers by it.
 On CPU, sampled requests get no drafts unless vLLM's sampler is fixed (`sampled_speculation_is_exact`).
 With a draft model, a step at K = 0 skips the draft altogether (`lazy_draft.py`, worker side); the
-scheduler only marks the step that catches the draft up as untimed.
+scheduler counts per request the tokens the draft has missed, shows them to the policy and reports
+the step that catches the draft up, whose time is not a decode step's.
 """
 
 from __future__ import annotations
@@ -65,11 +66,12 @@ class AdaptiveScheduler(Scheduler):
         self.sampled_speculation = sampled_speculation_is_exact()  # False: sampled requests get no drafts
         self._output_before: dict[str, int] = {}
         # With a draft model, steps at K = 0 skip the draft (`lazy_draft.py`); the step that drafts next
-        # also runs the draft over the tokens it missed, so its wall time is not a step cost.
+        # also runs the draft over the tokens every row missed, a cost the policy is shown per row
+        # (`RunningRequest.draft_behind`) and the controller times apart from the step's own.
         spec = self.vllm_config.speculative_config
         self.lazy_draft = bool(spec is not None and spec.uses_draft_model() and lazy_draft_enabled_for(type(self)))
-        self._draft_behind: set[str] = set()
-        self._catching_up = False
+        self._draft_seen: dict[str, int] = {}  # per request: context tokens its draft has run over
+        self._catch_up_tokens = 0  # what this step's draft runs over beyond its rows' own tokens
 
     # --- switching between our controller and vLLM's own schedules (benchmarks) ------------------
     def use_controller(self, controller: SpecController) -> None:
@@ -93,19 +95,28 @@ class AdaptiveScheduler(Scheduler):
             batch = len(output.num_scheduled_tokens)
             output.num_spec_tokens_to_schedule = self.vllm_lookup[min(batch, len(self.vllm_lookup) - 1)] if batch else 0
         else:
-            decoding = [self._running_request(self.requests[req_id]) for req_id in output.num_scheduled_tokens
+            decoding = [self._running_request(self.requests[req_id], output) for req_id in output.num_scheduled_tokens
                         if not self.requests[req_id].is_prefill_chunk]
             ks = self.controller.choose(decoding)
             output.num_spec_tokens_to_schedule = max(ks.values(), default=0)
-        if self.lazy_draft:
-            scheduled = set(output.num_scheduled_tokens)
-            if output.num_spec_tokens_to_schedule == 0:
-                self._draft_behind |= scheduled
-                self._catching_up = False
-            else:
-                self._catching_up = bool(self._draft_behind & scheduled)
-                self._draft_behind -= scheduled
+        self._catch_up_tokens = 0
+        if self.lazy_draft and output.num_spec_tokens_to_schedule:
+            # The draft runs over every scheduled row: the tokens each missed, then this step's own.
+            for req_id in output.num_scheduled_tokens:
+                self._catch_up_tokens += self._draft_behind(self.requests[req_id], output)
+                self._draft_seen[req_id] = self.requests[req_id].num_computed_tokens
         return output
+
+    def _draft_behind(self, request, output) -> int:
+        """Tokens the lazy draft would run over for this request in this step beyond a decoding row's
+        own (its token and drafts): those it missed at K = 0, and a prompt prefilled in this step,
+        whose draft prefill is the same cost (0 without a lazy draft). vLLM counts this step's tokens
+        as computed once it is scheduled; drafts rejected in the step that last drafted make this an
+        undercount of at most that step's drafts."""
+        if not self.lazy_draft:
+            return 0
+        own = 1 + len(output.scheduled_spec_decode_tokens.get(request.request_id, ()))
+        return max(request.num_computed_tokens - self._draft_seen.get(request.request_id, 0) - own, 0)
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         if self.vllm_lookup is None:
@@ -136,14 +147,15 @@ class AdaptiveScheduler(Scheduler):
             verified.append(VerifiedRequest(req_id, len(drafts), max(tokens - 1, 0), min(tokens, max(budget, 0)),
                                             request.num_tokens))
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self.controller.finish_step(verified, timed=not (prefilling or self._catching_up),
-                                    observe=self.vllm_lookup is None)
+        self.controller.finish_step(verified, timed=not prefilling, observe=self.vllm_lookup is None,
+                                    catch_up_tokens=self._catch_up_tokens)
         self.controller.forget(self.requests)
-        self._draft_behind &= set(self.requests)
+        for req_id in [r for r in self._draft_seen if r not in self.requests]:
+            del self._draft_seen[req_id]
         return outputs
 
     # --- views ----------------------------------------------------------------------------------
-    def _running_request(self, request) -> RunningRequest:
+    def _running_request(self, request, output) -> RunningRequest:
         """The request as it will be when the drafts proposed in this step are verified: one more
         token (this step emits at least one), and room for k drafts plus their bonus token."""
         remaining = request.max_tokens - request.num_output_tokens - 1
@@ -151,7 +163,8 @@ class AdaptiveScheduler(Scheduler):
         cap = min(self.num_spec_tokens, remaining - 1, room)
         if not self.sampled_speculation and _samples(request):
             cap = 0
-        return RunningRequest(request.request_id, request.num_tokens + 1, remaining, cap)
+        return RunningRequest(request.request_id, request.num_tokens + 1, remaining, cap,
+                              self._draft_behind(request, output))
 
 
 def _samples(request) -> bool:
