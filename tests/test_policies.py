@@ -243,8 +243,9 @@ def test_a_lazy_drafts_catch_up_is_charged_spread_over_the_steps_a_row_has_left(
     and drafts at once when nothing is behind (the control)."""
     costs, rate, batch, k_max = LazyDraftCosts(0.03), 0.8, 8, 4
 
-    def choose(behind, remaining):
-        policy = GoodputPolicy(costs, GoodputConfig(max_k=k_max, hysteresis=0.0, exploration_z=0.0))
+    def choose(behind, remaining, price_catch_up=True):
+        policy = GoodputPolicy(costs, GoodputConfig(max_k=k_max, hysteresis=0.0, exploration_z=0.0,
+                                                    price_catch_up=price_catch_up))
         requests = [RequestView(f"r{i}", 300, remaining, k_max, AcceptanceHistory(), behind) for i in range(batch)]
         policy.choose(requests)  # create the states, then pin their estimates to a known rate
         for state in policy._requests.values():
@@ -253,7 +254,8 @@ def test_a_lazy_drafts_catch_up_is_charged_spread_over_the_steps_a_row_has_left(
         ks = policy.choose(requests)
         table = costs.step_seconds_table(batch, 300, k_max)
         expected = [expected_emitted([rate], k) for k in range(k_max + 1)]
-        closed_form = [batch * e / (t + (batch * 0.03 * behind * e / remaining if k else 0.0))
+        per_token = 0.03 if price_catch_up else 0.0
+        closed_form = [batch * e / (t + (batch * per_token * behind * e / remaining if k else 0.0))
                        for k, (e, t) in enumerate(zip(expected, table))]
         assert policy.last_goodput == pytest.approx(closed_form, rel=1e-9)
         return max(ks)
@@ -261,6 +263,7 @@ def test_a_lazy_drafts_catch_up_is_charged_spread_over_the_steps_a_row_has_left(
     assert choose(behind=0, remaining=100) > 0
     assert choose(behind=1000, remaining=100) == 0
     assert choose(behind=1000, remaining=5000) > 0
+    assert choose(behind=1000, remaining=100, price_catch_up=False) > 0  # the switch turns the charge off
 
 
 def test_a_probe_waits_until_its_catch_up_is_paid_for():

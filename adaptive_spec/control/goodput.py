@@ -100,6 +100,7 @@ class GoodputConfig:
     min_row_survival: float = 0.05
     option_stopping: bool = True  # at batch 1, value drafting on with the option to stop later (stopping.py)
     option_min_step_seconds: float = 0.05  # ... when a step takes this long: its tables cost ~0.3 ms a step
+    price_catch_up: bool = True  # charge a lazy draft's catch-up (RequestView.draft_behind); False ignores it
 
     def __post_init__(self) -> None:
         checks = [
@@ -367,7 +368,7 @@ class GoodputPolicy(PolicyBase):
     def _catch_up_rate(self, requests: Sequence[RequestView]) -> float:
         """Seconds per context token a lazy draft missed (0 when no row is behind or nothing prices it)."""
         price = getattr(self.cost_model, "catch_up_seconds", None)
-        if price is None or not any(r.draft_behind for r in requests):
+        if not self.config.price_catch_up or price is None or not any(r.draft_behind for r in requests):
             return 0.0
         return price(1)  # linear in tokens
 

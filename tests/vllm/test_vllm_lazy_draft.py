@@ -138,3 +138,16 @@ def test_the_policy_is_shown_what_each_lazy_draft_missed(engines, reference):
     assert resume and all(behind >= OFF_STEPS - 1 for behind in resume), resume
     assert all(behind <= 3 for step in policy.behind[OFF_STEPS + 2:] for behind in step)
     assert sum(told) == caught_up > 0
+
+
+def test_the_profiler_measures_the_catch_up_per_missed_token(engines):
+    """One resume at batch 2 after 8 steps at k = 0: the catch-up covers both prompts and the
+    skipped tokens, and its time per token is positive and below a whole step's."""
+    from adaptive_spec.integrations.vllm.profile import measure_catch_up
+
+    llm = engines.get(SELF_DRAFT)
+    measured = measure_catch_up(llm, cells=((2, 64),), off_steps=8, rounds=1)
+    assert measured is not None, "no resume step was seen"
+    (cell,) = measured["cells"]
+    assert cell["tokens"] >= 2 * (64 + 7)
+    assert 0 < measured["seconds_per_token"] * cell["tokens"] < cell["resume_seconds"]
