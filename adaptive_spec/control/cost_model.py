@@ -734,19 +734,19 @@ class CostModel:
         timed online once the host has reported catch-ups, else the profile's figure, else 0."""
         if tokens <= 0:
             return 0.0
-        if self._catch_up:
-            return _median(self._catch_up) * tokens
+        if self._lazy_catch_up:
+            return _median(self._lazy_catch_up) * tokens
         return (self.catch_up_per_token or 0.0) * tokens
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         """A host timed a catch-up: `seconds` beyond the step's own cost for `tokens` missed tokens."""
         if tokens > 0 and math.isfinite(seconds):
-            self._catch_up.append(max(seconds, 0.0) / tokens)
+            self._lazy_catch_up.append(max(seconds, 0.0) / tokens)
 
     def reset_corrections(self) -> None:
         """Forget everything learned online (back to the profile)."""
         self._catchup: deque[float] = deque(maxlen=self._windows[0])  # seconds per catch-up token
-        self._catch_up: deque[float] = deque(maxlen=self._windows[0])  # seconds per missed token, lazy draft
+        self._lazy_catch_up: deque[float] = deque(maxlen=self._windows[0])  # seconds per missed token
         window, cell_window, min_cell_obs = self._windows
         self._tc = _Correction(window, cell_window, min_cell_obs)
         self._dc = _Correction(window, cell_window, min_cell_obs)

@@ -85,7 +85,7 @@ def profile_vllm(spec: EngineSpec, grid: dict, name: str | None = None, progress
                 rows.append(_row(batch, context, k + 1, kept))
                 print(f"[batch {batch} context {context} K {k}: {rows[-1]['median'] * 1000:.0f} ms/step]",
                       file=progress)
-    catch_up = measure_catch_up(llm, progress) if spec.drafter != "ngram" else None
+    catch_up = measure_catch_up(llm, progress)  # None without a lazy draft model (n-gram drafting)
     import vllm
 
     fingerprint = machine_fingerprint("cpu")
