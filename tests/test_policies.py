@@ -238,7 +238,8 @@ class LazyDraftCosts(LinearCosts):
 
 
 def test_a_lazy_drafts_catch_up_is_charged_spread_over_the_steps_a_row_has_left():
-    """goodput(K) = sum E_i(K) / (step(K) + sum catch_up_i * E_i(K) / remaining_i): a batch whose
+    """A row that drafts pays catch_up_i * E_i(K) / remaining_i; identical rows all draft or none, so
+    goodput(K) = max(B / step(K), B E(K) / (step(K) + B catch_up E(K) / remaining)): a batch whose
     drafts are 30 s behind per row stays at K = 0 with 100 tokens to go, drafts with 5000 to go,
     and drafts at once when nothing is behind (the control)."""
     costs, rate, batch, k_max = LazyDraftCosts(0.03), 0.8, 8, 4
@@ -255,7 +256,7 @@ def test_a_lazy_drafts_catch_up_is_charged_spread_over_the_steps_a_row_has_left(
         table = costs.step_seconds_table(batch, 300, k_max)
         expected = [expected_emitted([rate], k) for k in range(k_max + 1)]
         per_token = 0.03 if price_catch_up else 0.0
-        closed_form = [batch * e / (t + (batch * per_token * behind * e / remaining if k else 0.0))
+        closed_form = [max(batch / t, batch * e / (t + batch * per_token * behind * e / remaining)) if k else batch / t
                        for k, (e, t) in enumerate(zip(expected, table))]
         assert policy.last_goodput == pytest.approx(closed_form, rel=1e-9)
         return max(ks)
@@ -264,6 +265,29 @@ def test_a_lazy_drafts_catch_up_is_charged_spread_over_the_steps_a_row_has_left(
     assert choose(behind=1000, remaining=100) == 0
     assert choose(behind=1000, remaining=5000) > 0
     assert choose(behind=1000, remaining=100, price_catch_up=False) > 0  # the switch turns the charge off
+
+
+def test_only_the_rows_whose_catch_up_pays_draft_beside_the_others():
+    """A batch of 4 with a good drafter: three rows are in step with their draft, one has a 1000-token
+    prompt its draft never saw and 20 tokens to go (a 30 s catch-up for at most 20 tokens). The three
+    draft, that one stays at k = 0; with 5000 tokens to go it drafts too; with the charge switched
+    off (the control) every row drafts."""
+    costs, k_max = LazyDraftCosts(0.03), 4
+
+    def choose(remaining, price_catch_up=True):
+        policy = GoodputPolicy(costs, GoodputConfig(max_k=k_max, hysteresis=0.0, exploration_z=0.0,
+                                                    price_catch_up=price_catch_up))
+        requests = [RequestView(f"r{i}", 300, 500, k_max, AcceptanceHistory(), 0) for i in range(3)]
+        requests.append(RequestView("new", 1000, remaining, k_max, AcceptanceHistory(), 1000))
+        policy.choose(requests)
+        for state in policy._requests.values():
+            state.estimator.optimistic_rates = lambda k, z: [0.9] * k
+        return policy.choose(requests)
+
+    ks = choose(remaining=20)
+    assert min(ks[:3]) > 0 and ks[3] == 0, ks
+    assert min(choose(remaining=5000)) > 0
+    assert min(choose(remaining=20, price_catch_up=False)) > 0
 
 
 def test_a_probe_waits_until_its_catch_up_is_paid_for():

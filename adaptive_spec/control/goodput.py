@@ -46,13 +46,14 @@ The draft cache's catch-up after steps without speculation is timed as its own c
 model (not folded into the per-token draft cost). In our engine it is a token or two per row plus
 those emitted at K = 0, and is not charged to the decision that resumes drafting. A host whose draft
 skips K = 0 steps entirely (vLLM's lazy draft) reports per row the tokens its draft has missed
-(`RequestView.draft_behind`: the whole prompt, for a request that has never drafted). A step that
-drafts makes every such row catch up, at the cost model's `catch_up_seconds`. That is an investment
-in the row's drafting for the rest of the request, so `choose` charges it spread over the steps
-the row has left at each K: it keeps a batch at K = 0 where one draft per row is worth little (a
-loaded CPU), and a row near its end from resuming. A probe in a step that would not draft pays the
-whole catch-up, so it waits until its request's time without speculation covers that at
-`probe_budget`.
+(`RequestView.draft_behind`: the whole prompt, for a request that has never drafted) and drafts for
+the rows given k > 0 alone. A row that drafts again catches up first, at the cost model's
+`catch_up_seconds`. That is an investment in the row's drafting for the rest of the request, so
+`choose` charges it spread over the steps the row has left at each K, and at each K only the rows
+whose added tokens pay for their own charge draft (`_drafting_rows`): a prompt whose draft prefill
+its few remaining tokens cannot repay stays at k = 0 while the rows beside it draft. A probe of a
+row that does not draft pays its whole catch-up, so it waits until its request's time without
+speculation covers that at `probe_budget`.
 
 Warm start: `state()` / `load_state()` carry the prior and the calibration across processes (the
 CLI keeps them beside the profile).
@@ -180,36 +181,27 @@ class GoodputPolicy(PolicyBase):
         context = max(r.context_length for r in requests)
         self._batch = (len(requests), context)
         self._costs = costs = self.cost_model.step_seconds_table(len(requests), context, k_max)
-        gains = [0.0] * (k_max + 1)
-        catch_up = [0.0] * (k_max + 1)  # per K > 0: the lazy draft's catch-up, amortised (see below)
+        expected = [_expected_prefix(state.estimator.optimistic_rates(k_max, self.config.exploration_z), k_max)
+                    for state in states]
         seconds_per_behind = self._catch_up_rate(requests)
-        for request, state in zip(requests, states):
-            rates = state.estimator.optimistic_rates(k_max, self.config.exploration_z)
-            expected = _expected_prefix(rates, k_max)
-            for k in range(k_max + 1):
-                gains[k] += expected[min(k, request.max_k)]
-                if k and request.draft_behind:
-                    # One catch-up buys this row's drafting for the rest of the request: spread it
-                    # over the steps it has left at this K, so a row near its end does not resume.
-                    steps_left = max(request.remaining_tokens / expected[min(k, request.max_k)], 1.0)
-                    catch_up[k] += seconds_per_behind * request.draft_behind / steps_left
-        self.last_goodput = [gain / max(cost + extra, 1e-12) for gain, cost, extra in zip(gains, costs, catch_up)]
+        options = [_drafting_rows(k, requests, expected, costs[k], seconds_per_behind) for k in range(k_max + 1)]
+        self.last_goodput = [goodput for goodput, _, _ in options]
         best = max(range(k_max + 1), key=self.last_goodput.__getitem__)
         current = min(self._batch_k, k_max)
         # Hysteresis spares the cost of flapping; staying at a K that needs a catch-up is not free,
         # so it gets no such protection (drafting must then pay for the catch-up by itself).
-        protected = not catch_up[current]
+        protected = not options[current][2]
         if protected and self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis):
             best = current
         self._batch_k = best
-        # A probe in a step that would not draft makes every row that is behind catch up, in full.
-        probe_catch_up = 0.0 if best else seconds_per_behind * sum(r.draft_behind for r in requests)
+        drafting = set(options[best][1])
+        # A probe of a row that does not draft makes that row catch up, in full.
+        probe_catch_up = [0.0 if index in drafting else seconds_per_behind * r.draft_behind
+                          for index, r in enumerate(requests)]
         probes = self._probes(requests, states, costs, probe_catch_up)
-        if best == 0:
-            ks = probes
-        else:
-            upper = k_max if self.config.stop_inside_step and self.host_stops_drafts else best
-            ks = [max(min(upper, r.max_k), probe) for r, probe in zip(requests, probes)]
+        upper = k_max if self.config.stop_inside_step and self.host_stops_drafts else best
+        ks = [max(min(upper, r.max_k), probe) if index in drafting else probe
+              for index, (r, probe) in enumerate(zip(requests, probes))]
         self._step = [_Row(state, k, state.estimator.rates(max(k, 1)), probe_k=probe)
                       for state, k, probe in zip(states, ks, probes)]
         self._step_ids = [r.request_id for r in requests]
@@ -373,13 +365,13 @@ class GoodputPolicy(PolicyBase):
         return price(1)  # linear in tokens
 
     def _probes(self, requests: Sequence[RequestView], states: list[_RequestState], costs: list[float],
-                catch_up: float = 0.0) -> list[int]:
+                catch_up: Sequence[float] | None = None) -> list[int]:
         """Probe lengths (0 = none) for requests that have not drafted for a while, whether the
         batch drafts or not (a drafting batch may still have dropped their drafts inside the step).
-        `catch_up`: what a probe would add in draft catch-up; a probe waits until the time its
-        request spent without speculation pays for that at `probe_budget`."""
+        `catch_up[i]`: what a probe of request i would add in draft catch-up; a probe waits until the
+        time its request spent without speculation pays for that at `probe_budget`."""
         ks = []
-        for request, state in zip(requests, states):
+        for request, state, catch_up in zip(requests, states, catch_up or [0.0] * len(requests)):
             # After a fully accepted probe the next probe is due at once: probes chain until the
             # evidence they add makes drafting pay by itself.
             due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
@@ -415,6 +407,40 @@ class GoodputPolicy(PolicyBase):
             if price < best_price:
                 best, best_price = k, price
         return best
+
+
+def _drafting_rows(k: int, requests: Sequence[RequestView], expected: list[list[float]], cost: float,
+                   seconds_per_behind: float) -> tuple[float, list[int], float]:
+    """At batch draft length k: the goodput, the rows that draft, and the catch-up seconds they add.
+
+    A row whose lazy draft is behind (`draft_behind`) drafts only if the tokens it adds pay for its
+    catch-up; the host drafts for it alone (vLLM's lazy draft skips the other rows). One catch-up
+    buys the row's drafting for the rest of the request, so it is spread over the steps the row has
+    left at this k: a row near its end does not resume. Which rows to add is a ratio of sums,
+    (tokens) / (step + catch-ups): adding rows in order of tokens added per catch-up second while
+    that beats the goodput so far is optimal."""
+    if k == 0:
+        return sum(rows[0] for rows in expected) / max(cost, 1e-12), [], 0.0
+    tokens, drafting, candidates = 0.0, [], []
+    for index, (request, rows) in enumerate(zip(requests, expected)):
+        own = rows[min(k, request.max_k)]
+        added = own - rows[0]
+        charge = 0.0
+        if request.draft_behind and seconds_per_behind and added > 0:
+            charge = seconds_per_behind * request.draft_behind / max(request.remaining_tokens / own, 1.0)
+        if charge:
+            tokens += rows[0]
+            candidates.append((added / charge, added, charge, index))
+        else:
+            tokens += own
+            drafting.append(index)
+    seconds, extra = cost, 0.0
+    for ratio, added, charge, index in sorted(candidates, reverse=True):
+        if ratio <= tokens / max(seconds, 1e-12):
+            break
+        tokens, seconds, extra = tokens + added, seconds + charge, extra + charge
+        drafting.append(index)
+    return tokens / max(seconds, 1e-12), sorted(drafting), extra
 
 
 def _quantiles(values: list[float], count: int) -> list[float]:

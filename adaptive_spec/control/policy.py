@@ -64,8 +64,9 @@ class RequestView:
     remaining_tokens: int  # tokens it may still emit
     max_k: int  # this request's cap: hosts clamp k to it
     history: AcceptanceHistory
-    # Context tokens the draft model has not seen yet: a host whose draft skips steps at K = 0
-    # (vLLM's lazy draft) runs it over them before the next step that drafts, for every such row.
+    # Context tokens the draft model has not seen yet: a host whose draft skips rows at k = 0
+    # (vLLM's lazy draft) runs it over them before the row's next step that drafts. Such a host
+    # drafts for the rows given k > 0 alone.
     draft_behind: int = 0
 
 

@@ -151,3 +151,69 @@ def test_the_profiler_measures_the_catch_up_per_missed_token(engines):
     (cell,) = measured["cells"]
     assert cell["tokens"] >= 2 * (64 + 7)
     assert 0 < measured["seconds_per_token"] * cell["tokens"] < cell["resume_seconds"]
+
+
+class TakingTurns(OffThenOn):
+    """Rows take turns: row i drafts 3 in blocks of 4 steps, alternating with the row beside it, so
+    most steps draft for some rows and skip the others (the first, prompts included)."""
+
+    def __init__(self):
+        super().__init__(0, 3)
+
+    def choose(self, views):
+        super().choose(views)
+        return [3 if (self.calls // 4 + index) % 2 == 0 else 0 for index in range(len(views))]
+
+
+def test_a_step_drafts_only_for_its_rows_at_k_above_0_and_the_others_catch_up_later(engines, reference):
+    """The draft runs for the rows given k > 0 alone: the other rows of such steps are skipped, and
+    catch up when their turn comes, so drafted rows keep the acceptance of a draft whose cache is
+    right; outputs equal vLLM's without speculation; the scheduler's count of caught-up tokens is
+    the worker's."""
+    policy = TakingTurns()
+    llm = engines.get(SELF_DRAFT)
+    drafter = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
+    controller = SpecController(policy)
+    told = []
+    finish_step = controller.finish_step
+
+    def counting(verified, *args, catch_up_tokens=0, **kwargs):
+        told.append(catch_up_tokens)
+        return finish_step(verified, *args, catch_up_tokens=catch_up_tokens, **kwargs)
+
+    controller.finish_step = counting
+    scheduler_of(llm).use_controller(controller)
+    tracker = lazy_draft.tracker_of(drafter)
+    before = (tracker.stats.skipped_rows, tracker.stats.caught_up_tokens) if tracker else (0, 0)
+    outputs = llm.generate(list(PROMPTS_USED), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    tracker = lazy_draft.tracker_of(drafter)
+    skipped_rows, caught_up = tracker.stats.skipped_rows - before[0], tracker.stats.caught_up_tokens - before[1]
+    assert [list(o.outputs[0].token_ids) for o in outputs] == reference
+    ragged = [record for record in policy.records if 0 in {o.k for o in record.outcomes} and record.batch_k == 3]
+    assert ragged, "no step verified drafts for some rows and none for others"
+    assert skipped_rows >= 2 * len(ragged) // 3, f"{skipped_rows} rows skipped in {len(ragged)} ragged steps"
+    drafting = [outcome for record in policy.records for outcome in record.outcomes if outcome.k > 0]
+    acceptance = sum(o.accepted for o in drafting) / sum(o.k for o in drafting)
+    assert acceptance >= 0.9, f"a skipped row's draft cache was not rebuilt: acceptance {acceptance:.2f}"
+    # The first step prefills every prompt and drafts for rows 0 and 2: the scheduler counts their
+    # prompts (less the token a decoding row brings) as theirs to run over; the worker drafts over
+    # them as the step's own tokens, not as a catch-up.
+    prompts = [len(o.prompt_token_ids) for o in outputs]
+    assert told[0] == prompts[0] - 1 + prompts[2] - 1
+    assert sum(told[1:]) == caught_up > 0
+
+
+def test_rows_skipped_beside_drafting_rows_need_their_catch_up(engines, monkeypatch):
+    """Negative control for the test above: without the catch-up, the rows that were skipped attend
+    over draft positions nobody wrote, and acceptance collapses. Prompts no other test here uses:
+    a prefix-cache hit on an earlier run's prompt would find that run's draft entries still right."""
+    monkeypatch.setattr(lazy_draft, "catch_up", lambda *args, **kwargs: None)
+    policy = TakingTurns()
+    llm = engines.get(SELF_DRAFT)
+    scheduler_of(llm).use_controller(SpecController(policy))
+    prompts = [PROMPTS["prose"], "List the planets of the solar system in order, one per line:\n",
+               "class Stack:\n    def __init__(self):\n"]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    drafting = [outcome for record in policy.records for outcome in record.outcomes if outcome.k > 0]
+    acceptance = sum(o.accepted for o in drafting) / sum(o.k for o in drafting)
+    assert acceptance < 0.6, f"acceptance {acceptance:.2f} without a catch-up: the check above cannot fail"

@@ -40,7 +40,8 @@ class _Coverage:
 class CatchUpStats:
     """What the lazy scheme did, for tests and reports."""
 
-    skipped_steps: int = 0
+    skipped_steps: int = 0  # steps that ran no draft at all
+    skipped_rows: int = 0  # request-steps left out of a step that drafted for other rows
     catch_ups: int = 0  # request-steps that caught up
     caught_up_tokens: int = 0
 
@@ -53,9 +54,13 @@ class DraftCacheTracker:
         self.stats = CatchUpStats()
         self._coverage: dict[str, _Coverage] = {}
 
-    def skipped(self, rows: Sequence[Row]) -> None:
-        """A step ran without the draft: its requests keep only what they held before it."""
-        self.stats.skipped_steps += 1
+    def skipped(self, rows: Sequence[Row], whole_step: bool = True) -> None:
+        """The draft did not run over these rows (`whole_step`: nor over any row of the step): they
+        keep only what they held before it."""
+        if whole_step:
+            self.stats.skipped_steps += 1
+        else:
+            self.stats.skipped_rows += len(rows)
         for row in rows:
             covered = self.catch_up_from(row)
             self._coverage[row.request_id] = _Coverage(covered, self._blocks_for(row, covered), synced=False)

@@ -1,11 +1,16 @@
 """k = 0 without the draft model's upkeep: vLLM's draft-model proposer, patched to skip and catch up.
 
 vLLM 0.32's `DraftModelProposer.propose` runs the draft over each step's new tokens even when the step
-drafts nothing (`num_speculative_tokens == 0`), to keep the draft's KV cache in step. Under this
-project's scheduler that step is skipped instead, and the draft catches up over the tokens it missed
-in one forward pass just before the next step that drafts (`draft_cache.DraftCacheTracker` keeps the
-positions). Drafts are only proposals, so this changes what is proposed at worst, never what is
-emitted: vLLM's rejection sampler verifies every draft against the target.
+drafts nothing (`num_speculative_tokens == 0`), to keep the draft's KV cache in step, and in a step
+that drafts it drafts for every row, whatever k the row was given. Under this project's scheduler the
+draft runs only over the rows the scheduler asks drafts of (`DRAFT_ROWS`, a set of request ids it
+puts on the step's `SchedulerOutput`; every row where it is absent): the others, and every row of a
+step at K = 0, are skipped. A skipped row's draft catches up over the tokens it missed in one
+forward pass just before the next step that drafts for it (`draft_cache.DraftCacheTracker` keeps
+the positions). That spares a row at k = 0 both its draft forwards and, for a prompt prefilled in a
+step that drafts, the draft's prefill of that prompt. Drafts are only proposals, so this changes what
+is proposed at worst, never what is emitted: vLLM's rejection sampler verifies every draft against
+the target.
 
 Installed by `install()`, which `patches.install` calls in every vLLM process. It acts only in engines whose
 scheduler is this project's (`--scheduler-cls adaptive_spec...`) and where `ADAPTIVE_SPEC_VLLM_LAZY_DRAFT`
@@ -18,8 +23,13 @@ from __future__ import annotations
 import os
 
 LAZY_ENV = "ADAPTIVE_SPEC_VLLM_LAZY_DRAFT"
+DRAFT_ROWS = "adaptive_spec_draft_rows"  # on a SchedulerOutput: ids of the requests to draft for
 _RUNNER = "_adaptive_spec_runner"
 _TRACKER = "_adaptive_spec_draft_cache"
+_WANTED = "_adaptive_spec_draft_rows"  # on the proposer: the step's DRAFT_ROWS, None = every row
+# Attention metadata fields this module cannot cut to a subset of rows: where one is set, every row drafts.
+_UNCUT_FIELDS = ("logits_indices_padded", "encoder_seq_lens", "dcp_local_seq_lens", "mm_req_doc_ranges",
+                 "rswa_prefix_lens", "replayssm_decode_base_cpu")
 
 
 def enabled_for(scheduler_cls) -> bool:
@@ -37,10 +47,17 @@ def install() -> bool:
     if not tested_vllm_installed():
         return False
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if getattr(DraftModelProposer, "_adaptive_spec_patched", False):
         return True
     original_init, original_propose = DraftModelProposer.__init__, DraftModelProposer.propose
+    original_step_propose = GPUModelRunner.propose_draft_token_ids
+
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        # The proposer is not given the scheduler's output: hand it the rows to draft for.
+        setattr(self.drafter, _WANTED, getattr(scheduler_output, DRAFT_ROWS, None))
+        return original_step_propose(self, scheduler_output, *args, **kwargs)
 
     def __init__(self, *args, runner=None, **kwargs):
         original_init(self, *args, runner=runner, **kwargs)
@@ -55,6 +72,7 @@ def install() -> bool:
         return _lazy_propose(self, runner, original_propose, num_speculative_tokens, kwargs)
 
     DraftModelProposer.__init__, DraftModelProposer.propose = __init__, propose
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids  # the CPU runner inherits it
     DraftModelProposer._adaptive_spec_patched = True
     return True
 
@@ -76,19 +94,97 @@ def _lazy_propose(proposer, runner, original_propose, num_speculative_tokens: in
         setattr(proposer, _TRACKER, tracker)
     rows = _rows(proposer, runner, metadata, kwargs["target_positions"])
     tracker.forget(runner.requests)
-    if num_speculative_tokens == 0:
+    wanted = getattr(proposer, _WANTED, None)
+    drafting = [index for index, row in enumerate(rows) if wanted is None or row.request_id in wanted]
+    if num_speculative_tokens and len(drafting) < len(rows):
+        sub_kwargs = _rows_subset(kwargs, drafting)
+        if sub_kwargs is None:  # a batch this module cannot cut: vLLM's way, every row drafts
+            drafting = list(range(len(rows)))
+    if num_speculative_tokens == 0 or not drafting:
         tracker.skipped(rows)
         proposer.num_speculative_tokens, proposer._last_draft_probs = 0, None
         return torch.empty(len(rows), 0, dtype=torch.int64, device=proposer.device)
-    behind = [(index, tracker.catch_up_from(row)) for index, row in enumerate(rows)]
+    behind = [(index, tracker.catch_up_from(rows[index])) for index in drafting]
     behind = [(index, first) for index, first in behind if first < rows[index].start]
     if behind:
         catch_up(proposer, runner, metadata, [(index, first, rows[index].start) for index, first in behind])
         for index, first in behind:
             tracker.caught_up(rows[index], first)
-    drafts = original_propose(proposer, num_speculative_tokens, **kwargs)
-    tracker.drafted(rows)
+    if len(drafting) == len(rows):
+        drafts = original_propose(proposer, num_speculative_tokens, **kwargs)
+    else:
+        drafts = _scatter_rows(proposer, original_propose(proposer, num_speculative_tokens, **sub_kwargs),
+                               drafting, len(rows))
+        chosen = set(drafting)
+        tracker.skipped([row for index, row in enumerate(rows) if index not in chosen], whole_step=False)
+    tracker.drafted([rows[index] for index in drafting])
     return drafts
+
+
+def _rows_subset(kwargs: dict, keep: list[int]) -> dict | None:
+    """`propose`'s arguments cut to the batch rows `keep` (in order), or None where they cannot be."""
+    import dataclasses
+
+    import torch
+
+    metadata = kwargs["common_attn_metadata"]
+    if kwargs.get("mm_embed_inputs") is not None or any(getattr(metadata, name, None) is not None
+                                                        for name in _UNCUT_FIELDS):
+        return None
+    starts = metadata.query_start_loc_cpu.long()
+    device = metadata.query_start_loc.device
+    rows_cpu = torch.tensor(keep, dtype=torch.long)
+    lengths = (starts[1:] - starts[:-1])[rows_cpu]
+    tokens_cpu = torch.cat([torch.arange(int(starts[row]), int(starts[row + 1])) for row in keep])
+    query_start = torch.zeros(len(keep) + 1, dtype=metadata.query_start_loc_cpu.dtype)
+    torch.cumsum(lengths, 0, out=query_start[1:])
+    rows, tokens = rows_cpu.to(device), tokens_cpu.to(device)
+
+    def per_row(tensor):
+        return None if tensor is None else tensor[rows.to(tensor.device)]
+
+    upper = per_row(metadata.seq_lens_cpu_upper_bound)
+    req_idx = None if metadata.req_idx is None else metadata.req_idx[keep]
+    sub_metadata = dataclasses.replace(
+        metadata, query_start_loc=query_start.to(device), query_start_loc_cpu=query_start,
+        seq_lens=per_row(metadata.seq_lens), num_reqs=len(keep), num_actual_tokens=int(lengths.sum()),
+        max_query_len=int(lengths.max()), max_seq_len=int(upper.max()) if upper is not None else metadata.max_seq_len,
+        block_table_tensor=per_row(metadata.block_table_tensor), slot_mapping=metadata.slot_mapping[tokens],
+        positions=None if metadata.positions is None else metadata.positions[tokens],
+        is_prefilling=per_row(metadata.is_prefilling), seq_lens_cpu_upper_bound=upper, req_idx=req_idx,
+        _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)
+    sampled = kwargs["token_indices_to_sample"]
+    if sampled is not None:
+        if sampled.shape[0] != len(starts) - 1:
+            return None
+        # each row's index into the flat token list, moved to where the row now starts
+        sampled = sampled[rows] - starts[rows_cpu].to(device, sampled.dtype) + query_start[:-1].to(device, sampled.dtype)
+    sampling = kwargs["sampling_metadata"]
+    if sampling.temperature is not None:  # the draft's sampler reads the temperature alone
+        sampling = dataclasses.replace(sampling, temperature=sampling.temperature[rows])
+    rejected, hidden = kwargs.get("num_rejected_tokens_gpu"), kwargs.get("target_hidden_states")
+    return dict(kwargs, target_token_ids=kwargs["target_token_ids"][tokens],
+                target_positions=kwargs["target_positions"][tokens],
+                target_hidden_states=None if hidden is None else hidden[tokens],
+                next_token_ids=kwargs["next_token_ids"][rows], token_indices_to_sample=sampled,
+                common_attn_metadata=sub_metadata, sampling_metadata=sampling,
+                num_rejected_tokens_gpu=None if rejected is None else rejected[rows], slot_mappings=None)
+
+
+def _scatter_rows(proposer, drafts, keep: list[int], batch: int):
+    """A subset's drafts (and draft probabilities) placed in their batch rows. The other rows get
+    token 0 and zero probability: the scheduler cuts their drafts to none, so neither is ever read."""
+    import torch
+
+    rows = torch.tensor(keep, dtype=torch.long, device=drafts.device)
+    full = torch.zeros((batch,) + tuple(drafts.shape[1:]), dtype=drafts.dtype, device=drafts.device)
+    full[rows] = drafts
+    probs = getattr(proposer, "_last_draft_probs", None)
+    if probs is not None:
+        full_probs = torch.zeros((batch,) + tuple(probs.shape[1:]), dtype=probs.dtype, device=probs.device)
+        full_probs[rows.to(probs.device)] = probs
+        proposer._last_draft_probs = full_probs
+    return full
 
 
 def _rows(proposer, runner, metadata, positions) -> list:

@@ -16,9 +16,10 @@ Hooks used (vLLM 0.32, synchronous scheduling, which the CPU platform forces):
   (accepted drafts + one), and the step's wall time.
 The configured `num_speculative_tokens` is the cap on any k: vLLM sizes its buffers by it.
 On CPU, sampled requests get no drafts unless vLLM's sampler is fixed (`sampled_speculation_is_exact`).
-With a draft model, a step at K = 0 skips the draft altogether (`lazy_draft.py`, worker side); the
-scheduler counts per request the tokens the draft has missed, shows them to the policy and reports
-the step that catches the draft up, whose time is not a decode step's.
+With a draft model, the draft runs only for the rows given k > 0 (`lazy_draft.py`, worker side; the
+scheduler names them on the step's output), so a step at K = 0 skips it altogether; the scheduler
+counts per request the tokens the draft has missed, shows them to the policy and reports the step
+that catches the draft up, whose time is not a decode step's.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  
 
 from . import cpu_sampling  # noqa: E402
 from .controller import ControllerSettings, RunningRequest, SpecController, VerifiedRequest  # noqa: E402
+from .lazy_draft import DRAFT_ROWS  # noqa: E402
 from .lazy_draft import enabled_for as lazy_draft_enabled_for  # noqa: E402
 
 
@@ -101,8 +103,13 @@ class AdaptiveScheduler(Scheduler):
             output.num_spec_tokens_to_schedule = max(ks.values(), default=0)
         self._catch_up_tokens = 0
         if self.lazy_draft and output.num_spec_tokens_to_schedule:
-            # The draft runs over every scheduled row: the tokens each missed, then this step's own.
-            for req_id in output.num_scheduled_tokens:
+            drafting = list(output.num_scheduled_tokens)  # vLLM's schedule drafts for every row
+            if self.vllm_lookup is None:
+                # ours drafts for the rows given k > 0 alone: the others skip the draft, prompt included
+                drafting = [req_id for req_id, k in ks.items() if k > 0]
+                setattr(output, DRAFT_ROWS, frozenset(drafting))
+            # The draft runs over each drafting row's missed tokens, then over this step's own.
+            for req_id in drafting:
                 self._catch_up_tokens += self._draft_behind(self.requests[req_id], output)
                 self._draft_seen[req_id] = self.requests[req_id].num_computed_tokens
         return output
