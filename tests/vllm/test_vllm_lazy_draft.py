@@ -52,6 +52,22 @@ def run(engines, policy):
     return [list(o.outputs[0].token_ids) for o in outputs], accepted, skipped, caught_up, scheduler
 
 
+def use_counting_controller(llm, policy) -> list[int]:
+    """Run `policy` in the engine's scheduler; the returned list fills, step by step, with the
+    catch-up tokens the scheduler tells the controller of."""
+    controller = SpecController(policy)
+    told = []
+    finish_step = controller.finish_step
+
+    def counting(verified, *args, catch_up_tokens=0, **kwargs):
+        told.append(catch_up_tokens)
+        return finish_step(verified, *args, catch_up_tokens=catch_up_tokens, **kwargs)
+
+    controller.finish_step = counting
+    scheduler_of(llm).use_controller(controller)
+    return told
+
+
 def _tracker_stats(llm) -> tuple[int, int]:
     drafter = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
     tracker = lazy_draft.tracker_of(drafter)
@@ -121,16 +137,7 @@ def test_the_policy_is_shown_what_each_lazy_draft_missed(engines, reference):
 
     policy = Watching()
     llm = engines.get(SELF_DRAFT)
-    controller = SpecController(policy)
-    told = []
-    finish_step = controller.finish_step
-
-    def counting(verified, *args, catch_up_tokens=0, **kwargs):
-        told.append(catch_up_tokens)
-        return finish_step(verified, *args, catch_up_tokens=catch_up_tokens, **kwargs)
-
-    controller.finish_step = counting
-    scheduler_of(llm).use_controller(controller)
+    told = use_counting_controller(llm, policy)
     before = _tracker_stats(llm)[1]
     llm.generate(list(PROMPTS_USED), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
     caught_up = _tracker_stats(llm)[1] - before
@@ -173,16 +180,7 @@ def test_a_step_drafts_only_for_its_rows_at_k_above_0_and_the_others_catch_up_la
     policy = TakingTurns()
     llm = engines.get(SELF_DRAFT)
     drafter = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
-    controller = SpecController(policy)
-    told = []
-    finish_step = controller.finish_step
-
-    def counting(verified, *args, catch_up_tokens=0, **kwargs):
-        told.append(catch_up_tokens)
-        return finish_step(verified, *args, catch_up_tokens=catch_up_tokens, **kwargs)
-
-    controller.finish_step = counting
-    scheduler_of(llm).use_controller(controller)
+    told = use_counting_controller(llm, policy)
     tracker = lazy_draft.tracker_of(drafter)
     before = (tracker.stats.skipped_rows, tracker.stats.caught_up_tokens) if tracker else (0, 0)
     outputs = llm.generate(list(PROMPTS_USED), SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
