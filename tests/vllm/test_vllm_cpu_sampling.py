@@ -16,11 +16,10 @@ from collections import Counter
 
 import pytest
 
-from vllm_cases import PROMPTS, SMALL_MODEL, TEST_THREADS, require_vllm
+from vllm_cases import PROMPTS, SMALL_MODEL, TEST_THREADS, p_value, require_vllm
 
 require_vllm()
 
-from scipy.stats import chi2_contingency  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 
 from adaptive_spec.control.policy import StaticPolicy  # noqa: E402
@@ -56,17 +55,6 @@ def speculative(engines) -> tuple[Counter, object]:
     scheduler.sampled_speculation = True
     seeds = range(SAMPLES, 2 * SAMPLES)  # independent of the plain run's draws
     return window(llm.generate([PROMPTS["repeat"]] * SAMPLES, params(seeds), use_tqdm=False)), scheduler
-
-
-def p_value(first: Counter, second: Counter) -> float:
-    """Chi-square homogeneity; categories with fewer than 10 draws over both samples are pooled."""
-    common = [key for key in first.keys() | second.keys() if first[key] + second[key] >= 10]
-    table = [[counts[key] for key in common] + [sum(counts.values()) - sum(counts[key] for key in common)]
-             for counts in (first, second)]
-    if table[0][-1] + table[1][-1] == 0:
-        table = [row[:-1] for row in table]
-    assert len(table[0]) >= 3, "too few categories for the test to mean anything"
-    return chi2_contingency(table)[1]
 
 
 def test_the_fix_is_installed_with_an_engine_on_cpu_and_lifts_the_guard(plain):

@@ -8,9 +8,11 @@ catch-up (the negative control) shows the check can fail.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from vllm_cases import PROMPTS, SMALL_MODEL, TEST_THREADS, require_vllm
+from vllm_cases import PROMPTS, SMALL_MODEL, TEST_THREADS, p_value, require_vllm, sampling
 
 require_vllm()
 
@@ -34,8 +36,15 @@ def off_then_on() -> OffThenOn:
     return OffThenOn(OFF_STEPS, 3)
 
 
+# The sampled-law test: one prompt sampled SAMPLES times, seeds apart between the two engines.
+SAMPLES, SAMPLED_TOKENS, ALPHA = 400, 6, 0.001
+PLAIN_SEEDS, SPEC_SEEDS = tuple(range(SAMPLES)), tuple(range(SAMPLES, 2 * SAMPLES))
+
+
 @pytest.fixture(scope="module")
 def reference(engines):
+    # Both plain-vLLM runs this module compares with, made before the speculative engine starts.
+    engines.reference(SMALL_MODEL, (PROMPTS["repeat"],) * SAMPLES, SAMPLED_TOKENS, 1.0, PLAIN_SEEDS)
     return engines.reference(SMALL_MODEL, PROMPTS_USED, MAX_TOKENS)
 
 
@@ -215,3 +224,47 @@ def test_rows_skipped_beside_drafting_rows_need_their_catch_up(engines, monkeypa
     drafting = [outcome for record in policy.records for outcome in record.outcomes if outcome.k > 0]
     acceptance = sum(o.accepted for o in drafting) / sum(o.k for o in drafting)
     assert acceptance < 0.6, f"acceptance {acceptance:.2f} without a catch-up: the check above cannot fail"
+
+
+def sampled_window(engines, policy) -> Counter:
+    llm = engines.get(SELF_DRAFT)
+    scheduler_of(llm).use_controller(SpecController(policy))
+    outputs = llm.generate([PROMPTS["repeat"]] * SAMPLES, sampling(SAMPLES, SAMPLED_TOKENS, 1.0, SPEC_SEEDS),
+                           use_tqdm=False)
+    return window([list(o.outputs[0].token_ids) for o in outputs])
+
+
+def window(token_lists) -> Counter:
+    return Counter(tuple(tokens[1:5]) for tokens in token_lists)  # tokens 2-5: the positions drafts cover
+
+
+def plain_window(engines) -> Counter:
+    return window(engines.reference(SMALL_MODEL, (PROMPTS["repeat"],) * SAMPLES, SAMPLED_TOKENS, 1.0, PLAIN_SEEDS))
+
+
+def test_sampled_outputs_with_rows_drafted_apart_follow_plain_vllms_law(engines, reference):
+    """Temperature 1.0, top-p 0.95, rows taking turns (so the draft probabilities the rejection
+    sampler reads come from a cut batch, scattered back to their rows): the joint law of tokens 2-5
+    is plain vLLM's by a chi-square test of homogeneity at alpha = 0.001, the probability of a false
+    failure when both laws are equal. The negative control is the next test."""
+    policy = TakingTurns()
+    counts = sampled_window(engines, policy)
+    ragged = [record for record in policy.records if 0 in {o.k for o in record.outcomes} and record.batch_k == 3]
+    assert ragged and sum(o.k for record in ragged for o in record.outcomes) > SAMPLES, "rows were not drafted apart"
+    assert p_value(plain_window(engines), counts) > ALPHA
+
+
+def test_with_the_temperature_of_verified_positions_doubled_the_sampled_law_test_rejects(engines, reference,
+                                                                                        monkeypatch):
+    """Negative control: a sampler wrong only where drafts are verified must fail the test above."""
+    from vllm.v1.sample import rejection_sampler
+
+    from adaptive_spec.integrations.vllm import cpu_sampling
+
+    def doubled_temperature(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        expanded = cpu_sampling.expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+        return expanded * 2 if replace_to == 1 else expanded  # the temperature call replaces 0 by 1
+
+    monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", doubled_temperature)
+    assert p_value(plain_window(engines), sampled_window(engines, TakingTurns())) <= ALPHA, \
+        "the test cannot tell a wrong sampler from a right one"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 
 import pytest
 
@@ -33,3 +34,16 @@ def sampling(count: int, max_tokens: int, temperature: float = 0.0, seeds: tuple
     if seeds is None:
         return SamplingParams(temperature=temperature, max_tokens=max_tokens)
     return [SamplingParams(temperature=temperature, top_p=0.95, max_tokens=max_tokens, seed=seed) for seed in seeds]
+
+
+def p_value(first: Counter, second: Counter) -> float:
+    """Chi-square homogeneity; categories with fewer than 10 draws over both samples are pooled."""
+    common = [key for key in first.keys() | second.keys() if first[key] + second[key] >= 10]
+    table = [[counts[key] for key in common] + [sum(counts.values()) - sum(counts[key] for key in common)]
+             for counts in (first, second)]
+    if table[0][-1] + table[1][-1] == 0:
+        table = [row[:-1] for row in table]
+    assert len(table[0]) >= 3, "too few categories for the test to mean anything"
+    from scipy.stats import chi2_contingency
+
+    return chi2_contingency(table)[1]
