@@ -365,13 +365,13 @@ class GoodputPolicy(PolicyBase):
         return price(1)  # linear in tokens
 
     def _probes(self, requests: Sequence[RequestView], states: list[_RequestState], costs: list[float],
-                catch_up: Sequence[float] | None = None) -> list[int]:
+                catch_ups: Sequence[float]) -> list[int]:
         """Probe lengths (0 = none) for requests that have not drafted for a while, whether the
         batch drafts or not (a drafting batch may still have dropped their drafts inside the step).
-        `catch_up[i]`: what a probe of request i would add in draft catch-up; a probe waits until the
+        `catch_ups[i]`: what a probe of request i would add in draft catch-up; a probe waits until the
         time its request spent without speculation pays for that at `probe_budget`."""
         ks = []
-        for request, state, catch_up in zip(requests, states, catch_up or [0.0] * len(requests)):
+        for request, state, catch_up in zip(requests, states, catch_ups):
             # After a fully accepted probe the next probe is due at once: probes chain until the
             # evidence they add makes drafting pay by itself.
             due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1

@@ -96,7 +96,7 @@ def _lazy_propose(proposer, runner, original_propose, num_speculative_tokens: in
     tracker.forget(runner.requests)
     wanted = getattr(proposer, _WANTED, None)
     drafting = [index for index, row in enumerate(rows) if wanted is None or row.request_id in wanted]
-    if num_speculative_tokens and len(drafting) < len(rows):
+    if num_speculative_tokens and 0 < len(drafting) < len(rows):
         sub_kwargs = _rows_subset(kwargs, drafting)
         if sub_kwargs is None:  # a batch this module cannot cut: vLLM's way, every row drafts
             drafting = list(range(len(rows)))
