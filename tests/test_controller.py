@@ -162,6 +162,58 @@ def test_a_probe_keeps_its_drafts_whatever_the_forecast():
     assert [policy.keep_drafting(j, [0.01])[0] for j in range(3)] == [True, True, KEEP_LAST]
 
 
+
+class SteepCost(KneeCost):
+    """A batch's step cost rising 70% with the first draft (vLLM's CPU profile at batch 6)."""
+
+    table = [1.0, 1.7, 2.4, 3.1, 3.8, 4.5, 5.2, 5.9, 6.6]
+
+    def catch_up_seconds(self, tokens):  # a lazy draft's catch-up (vLLM), 10 ms a missed token
+        return 0.01 * tokens
+
+
+def _probe_due(policy, views, rows):
+    """Make a probe due for `rows` alone (the others drafted a step ago)."""
+    policy.choose(views)
+    for index, view in enumerate(views):
+        state = policy._requests[view.request_id]
+        state.steps_off = state.probe_interval if index in rows else 0
+
+
+def test_rows_beside_a_probe_keep_drafts_that_cost_nothing_more():
+    """A probe protected to one draft makes the step verify one draft anyway, so dropping another
+    row's unsure draft saves nothing: it is kept. Negative control: the same drafts with no probe
+    in the step are dropped, because there dropping them saves the drafting step's cost."""
+    for probing, expected in ((True, KEEP_LAST), (False, False)):
+        policy = _drafting_policy(SteepCost(), probe_k=1)
+        views = _views(4)
+        _probe_due(policy, views, {0} if probing else set())
+        ks = policy.choose(views)
+        assert ks[1:] == [8, 8, 8] and (ks[0] == 8) and policy._step[0].probe_k == (1 if probing else 0)
+        answers = policy.keep_drafting(0, [0.97, 0.3, 0.3, 0.3])
+        assert answers[0] == (KEEP_LAST if probing else False)  # a probe of 1 keeps its one draft
+        assert answers[1:] == [expected] * 3, (probing, answers)
+
+
+def test_probes_share_their_step():
+    """Four rows of a drafter believed useless, one probe due: every row probes in that step, at
+    the same length (the step's cost follows its longest draft, so the others' drafts are free),
+    and afterwards they back off together. A row whose lazy draft is behind would pay a catch-up
+    of its own, so it does not join."""
+    policy = _drafting_policy(SteepCost(), probe_k=2)
+    policy.prior.successes = [0.0] * len(policy.prior.trials)
+    views = _views(4)
+    _probe_due(policy, views, {2})
+    assert policy.choose(views) == [2, 2, 2, 2]
+    assert all(policy._requests[v.request_id].probing for v in views)
+    behind = [RequestView(v.request_id, v.context_length, v.remaining_tokens, v.max_k, v.history,
+                          draft_behind=40 if i == 3 else 0) for i, v in enumerate(views)]
+    policy = _drafting_policy(SteepCost(), probe_k=2)
+    policy.prior.successes = [0.0] * len(policy.prior.trials)
+    _probe_due(policy, behind, {2})
+    assert policy.choose(behind) == [2, 2, 2, 0]
+
+
 # --- option stopping (stopping.py) -------------------------------------------------------------
 # Step seconds of the default pair's CPU profile at batch 1 (rounded), with forwards 0..j run: the
 # first draft's verify is the big jump, each further draft adds a forward and a little verify.

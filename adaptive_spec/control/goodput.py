@@ -198,7 +198,7 @@ class GoodputPolicy(PolicyBase):
         # A probe of a row that does not draft makes that row catch up, in full.
         probe_catch_up = [0.0 if index in drafting else seconds_per_behind * r.draft_behind
                           for index, r in enumerate(requests)]
-        probes = self._probes(requests, states, costs, probe_catch_up)
+        probes = self._probes(requests, states, costs, probe_catch_up, drafting)
         upper = k_max if self.config.stop_inside_step and self.host_stops_drafts else best
         ks = [max(min(upper, r.max_k), probe) if index in drafting else probe
               for index, (r, probe) in enumerate(zip(requests, probes))]
@@ -260,10 +260,13 @@ class GoodputPolicy(PolicyBase):
                         survive *= row.rates[min(j, len(row.rates) - 1)]
                     total += survive
                 added[e] += total
+        # A probe drafting on keeps the step's verify at least that long: shorter endings save nothing.
+        floor = max([row.probe_k for row in self._step if row.drafting and row.probe_k > position], default=0)
+        cost = [self._step_cost(position, max(position + e, floor)) for e in range(len(added))]
         if self.rate_ema is not None:  # long-run rate: tokens minus what their time could earn elsewhere
-            value = [gain - self.rate_ema * self._step_cost(position, position + e) for e, gain in enumerate(added)]
+            value = [gain - self.rate_ema * seconds for gain, seconds in zip(added, cost)]
         else:
-            value = [(fixed + gain) / max(self._step_cost(position, position + e), 1e-12) for e, gain in enumerate(added)]
+            value = [(fixed + gain) / max(seconds, 1e-12) for gain, seconds in zip(added, cost)]
         best = max(range(len(value)), key=value.__getitem__)
         return False if best == 0 else KEEP_LAST if best == 1 else True
 
@@ -365,26 +368,38 @@ class GoodputPolicy(PolicyBase):
         return price(1)  # linear in tokens
 
     def _probes(self, requests: Sequence[RequestView], states: list[_RequestState], costs: list[float],
-                catch_ups: Sequence[float]) -> list[int]:
+                catch_ups: Sequence[float], drafting: set[int]) -> list[int]:
         """Probe lengths (0 = none) for requests that have not drafted for a while, whether the
         batch drafts or not (a drafting batch may still have dropped their drafts inside the step).
         `catch_ups[i]`: what a probe of request i would add in draft catch-up; a probe waits until the
-        time its request spent without speculation pays for that at `probe_budget`."""
-        ks = []
+        time its request spent without speculation pays for that at `probe_budget`.
+
+        Probes share their step: a step's cost follows its longest draft, so once one row probes,
+        every other row outside `drafting` whose probe adds no catch-up probes beside it at the same
+        length, for nothing. Probing rows one at a time would make the whole batch pay a drafting
+        step for each row's probe (at batch 6 on the vLLM CPU profile a 1-draft step costs 1.7x
+        one without), and the back-off, counted per row, would not bound what the batch pays."""
+        due, lengths = [], []
         for request, state, catch_up in zip(requests, states, catch_ups):
             # After a fully accepted probe the next probe is due at once: probes chain until the
             # evidence they add makes drafting pay by itself.
-            due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
-            if due and catch_up > self.config.probe_budget * state.steps_off * costs[0]:
-                due = False
+            row_due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
+            if row_due and catch_up > self.config.probe_budget * state.steps_off * costs[0]:
+                row_due = False
             state.resume = False
-            k = min(self._probe_length(state, costs), request.max_k)
-            if due:
+            due.append(row_due)
+            lengths.append(min(self._probe_length(state, costs), request.max_k))
+        if any(due):
+            length = max(k for k, row_due in zip(lengths, due) if row_due)
+            for index, (request, catch_up) in enumerate(zip(requests, catch_ups)):
+                if not due[index] and index not in drafting and not catch_up and request.max_k >= 1:
+                    due[index], lengths[index] = True, min(length, request.max_k)
+        for state, row_due, k in zip(states, due, lengths):
+            if row_due:
                 if state.probing:  # the last probe did not bring drafting back: back off
                     state.probe_interval = min(2 * state.probe_interval, self._longest_interval(costs, k))
                 state.probing = True
-            ks.append(k if due else 0)
-        return ks
+        return [k if row_due else 0 for k, row_due in zip(lengths, due)]
 
     def _longest_interval(self, costs: list[float], k: int) -> int:
         """The back-off's ceiling: long enough that probing a useless drafter costs at most
