@@ -62,11 +62,29 @@ def test_finish_step_records_history_ragged_steps_and_tells_the_policy():
     controller.start_step()
     record = controller.finish_step([VerifiedRequest("a", 3, 2, 3, 120), VerifiedRequest("b", 1, 0, 1, 80)])
     assert policy.records == [record]
-    assert record.batch_k == 3 and record.total_seconds == pytest.approx(0.5)
+    assert record.batch_k == 3 and record.total_seconds == 0.0  # ragged: no profile cell's cost
     assert controller.stats.ragged_steps == 1 and controller.stats.accepted == 2
     assert controller._histories["a"].accepted_per_step == [2]
     controller.forget(["b"])
     assert set(controller._histories) == {"b"}
+
+
+def test_only_steps_a_profile_cell_describes_are_timed():
+    """A step is timed when every row verified K drafts and drafts K again (the profile's cell at K);
+    one row probing beside rows at 0, or a step switching K, is recorded but untimed. Negative
+    control: the same rows all at K = 2 are timed."""
+    def step(verified_ks, next_ks):
+        ticks = iter([0.0, 0.7])
+        controller = SpecController(StaticPolicy(3), clock=lambda: next(ticks))
+        controller._chosen = {f"r{i}": k for i, k in enumerate(next_ks)}
+        controller.start_step()
+        rows = [VerifiedRequest(f"r{i}", k, k, k + 1, 100) for i, k in enumerate(verified_ks)]
+        return controller.finish_step(rows).total_seconds
+
+    assert step([4, 0, 0, 0], [0, 0, 0, 0]) == 0.0  # a probe beside rows at k = 0
+    assert step([0, 0, 0, 0], [2, 2, 2, 2]) == 0.0  # switching from K = 0 to K = 2
+    assert step([2, 2, 2, 2], [2, 2, 2, 2]) == pytest.approx(0.7)
+    assert step([0, 0, 0, 0], [0, 0, 0, 0]) == pytest.approx(0.7)
 
 
 def test_untimed_steps_teach_the_cost_model_nothing():

@@ -16,7 +16,8 @@ verified while it is made): one step of lag, the price of drafting inside the fo
 Timing: vLLM reports no split of a step, so the controller measures whole steps (schedule to
 update_from_output) and hands them to the policy through `control.step_timing.whole_step_record`,
 which attributes a whole step to the cost model's parts in the proportions the model predicts.
-Steps that prefill any prompt carry no timing (a prefill is not a decode step's cost).
+Steps that prefill any prompt carry no timing (a prefill is not a decode step's cost), nor do ragged
+steps (rows verifying or drafting different lengths), whose cost no profile cell describes.
 """
 
 from __future__ import annotations
@@ -186,6 +187,8 @@ class SpecController:
             if total > 0 and catch_up_tokens >= MIN_TIMED_CATCH_UP and self.cost_model is not None:
                 self.cost_model.observe_catch_up(catch_up_tokens, total - self._step_without_catch_up(verified))
             total = 0.0
+        elif not self._steady(verified):
+            total = 0.0
         outcomes = []
         for request in verified:
             history = self._histories.setdefault(request.request_id, AcceptanceHistory())
@@ -207,6 +210,14 @@ class SpecController:
         except Exception as error:  # a policy is an optimisation: it must never take vLLM's engine down
             self._fail(PolicyError(f"policy {self.policy.name!r} raised {type(error).__name__} in observe: {error}"))
         return record
+
+    def _steady(self, verified: Sequence[VerifiedRequest]) -> bool:
+        """Every row verified the same number of drafts and drafts that many again: the step a profile
+        cell (batch, K) times. vLLM's cost follows the tokens a step runs, not its longest draft, so a
+        ragged step (one row probing at k = 4 beside seven at 0) costs far less than the cell of its
+        longest draft; timed into that cell it would make K = 4 look cheap for the whole batch."""
+        counts = {r.drafted for r in verified} | {self._chosen.get(r.request_id, 0) for r in verified}
+        return len(counts) == 1
 
     def _step_without_catch_up(self, verified: Sequence[VerifiedRequest]) -> float:
         """The predicted step: it verified the previous step's drafts and drafted this step's K, and a
