@@ -38,6 +38,9 @@ K = 0 is never absorbing:
   did not bring drafting back, up to the interval at which probing a useless drafter costs
   `probe_budget` (3%) of the time spent without speculation (never above `max_probe_interval`),
   which bounds how long a drafter that has become good again waits;
+- probes share their step: a step's verify follows its longest draft, so the rows at k = 0 that
+  have nothing to catch up probe beside a due probe at its length (and back off with it), and the
+  in-step rule keeps other rows' drafts up to a probe's length, where dropping them saves nothing;
 - a probe whose drafts were all accepted is read as a changed regime: the request's old evidence is
   dropped, its interval reset, and it probes again on the next step, so drafting resumes at once
   and goes on until the new evidence makes it pay by itself (or a probe fails);
