@@ -245,3 +245,21 @@ def test_policy_cost_with_a_profile_reports_shares_of_its_step(capsys):
     assert shares["gpu-h200-qwen2.5-7b-0.5b-bf16-random"] > shares["cpu-2core-qwen-coder-fp32-int8draft"]
     assert main(["policy-cost", "--profile", "no-such-profile.json"]) == 2
     assert "no-such-profile.json" in capsys.readouterr().err
+
+
+def test_profile_auto_never_picks_a_vllm_profile_for_this_engine(tmp_path, monkeypatch):
+    """Whole vLLM steps are not our engine's step costs, even for the same models. A vLLM profile
+    that sorts first and matches as well is passed over; with no other profile, auto finds none."""
+    from types import SimpleNamespace
+
+    from adaptive_spec.cli import common
+
+    shipped = common.PROFILES_DIR
+    (tmp_path / "a-vllm.json").write_text((shipped / "cpu-2core-vllm-qwen-coder-fp32.json").read_text())
+    (tmp_path / "b-hf.json").write_text((shipped / "cpu-2core-qwen-coder-fp32.json").read_text())
+    monkeypatch.setattr(common, "PROFILES_DIR", tmp_path)
+    loaded = SimpleNamespace(target=None, draft_model=None, target_name="qwen2.5-coder-1.5b-instruct",
+                             draft_name="qwen2.5-coder-0.5b-instruct")
+    assert common.find_profile(loaded).name == "b-hf.json"
+    (tmp_path / "b-hf.json").unlink()
+    assert common.find_profile(loaded) is None

@@ -110,9 +110,12 @@ def find_profile(loaded: LoadedPair) -> Path | None:
         if path.name.endswith(".acceptance.json"):
             continue
         try:
-            models = json.loads(path.read_text()).get("fingerprint", {}).get("models", {})
+            fingerprint = json.loads(path.read_text()).get("fingerprint", {})
         except (OSError, ValueError):
             continue
+        if fingerprint.get("engine", "hf") != "hf":  # whole vLLM steps are not this engine's costs
+            continue
+        models = fingerprint.get("models", {})
         target, draft = models.get("target") or {}, models.get("draft") or {}
         if target.get("name") == loaded.target_name and draft.get("name") == loaded.draft_name:
             found = [how(target), how(draft)]
