@@ -162,7 +162,6 @@ def test_a_probe_keeps_its_drafts_whatever_the_forecast():
     assert [policy.keep_drafting(j, [0.01])[0] for j in range(3)] == [True, True, KEEP_LAST]
 
 
-
 class SteepCost(KneeCost):
     """A batch's step cost rising 70% with the first draft (vLLM's CPU profile at batch 6)."""
 
@@ -189,7 +188,7 @@ def test_rows_beside_a_probe_keep_drafts_that_cost_nothing_more():
         views = _views(4)
         _probe_due(policy, views, {0} if probing else set())
         ks = policy.choose(views)
-        assert ks[1:] == [8, 8, 8] and (ks[0] == 8) and policy._step[0].probe_k == (1 if probing else 0)
+        assert ks == [8] * 4 and policy._step[0].probe_k == (1 if probing else 0)
         answers = policy.keep_drafting(0, [0.97, 0.3, 0.3, 0.3])
         assert answers[0] == (KEEP_LAST if probing else False)  # a probe of 1 keeps its one draft
         assert answers[1:] == [expected] * 3, (probing, answers)
@@ -198,8 +197,8 @@ def test_rows_beside_a_probe_keep_drafts_that_cost_nothing_more():
 def test_probes_share_their_step():
     """Four rows of a drafter believed useless, one probe due: every row probes in that step, at
     the same length (the step's cost follows its longest draft, so the others' drafts are free),
-    and afterwards they back off together. A row whose lazy draft is behind would pay a catch-up
-    of its own, so it does not join."""
+    and every row is marked as probing, the state the back-off doubles from, so they back off
+    together. A row whose lazy draft is behind would pay a catch-up of its own, so it does not join."""
     policy = _drafting_policy(SteepCost(), probe_k=2)
     policy.prior.successes = [0.0] * len(policy.prior.trials)
     views = _views(4)
