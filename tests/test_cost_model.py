@@ -372,3 +372,35 @@ def test_catch_up_is_priced_from_the_profile_then_from_timed_catch_ups():
         CostModel.from_profile(profile)
     with pytest.raises(ValueError, match="catch_up_per_token"):
         CostModel.from_profile(make_profile(), catch_up_per_token=-1.0)
+
+
+def test_ragged_steps_pay_their_drafted_tokens_share_of_the_increment():
+    """A profile's `ragged` shares price a step where only some rows draft: the K = 0 step plus the
+    (b, K) increment times s1 + (1 - s1)(n - 1)/(b - 1), n = drafted tokens / K; uniform steps and
+    profiles without shares cost their (b, K) cell whoever drafts."""
+    profile = make_profile()
+    plain = CostModel.from_profile(profile)
+    assert plain.ragged_step_seconds(8, 512, [3] + [0] * 7) == pytest.approx(plain.step_seconds(8, 512, 3))
+    profile["ragged"] = {"context": 256, "drafting_rows": 1,
+                         "cells": [{"batch": 8, "k": 1, "share": 0.5}, {"batch": 8, "k": 3, "share": 0.3},
+                                   {"batch": 4, "k": 3, "share": 0.6}]}
+    model = CostModel.from_profile(profile)
+    base, full = model.step_seconds(8, 512, 0), model.step_seconds(8, 512, 3)
+    assert model.ragged_step_seconds(8, 512, [3] * 8) == pytest.approx(full)
+    assert model.ragged_step_seconds(8, 512, [0] * 8) == pytest.approx(base)
+    assert model.ragged_step_seconds(8, 512, [3] + [0] * 7) == pytest.approx(base + 0.3 * (full - base))
+    four = base + (0.3 + 0.7 * 3 / 7) * (full - base)
+    assert model.ragged_step_seconds(8, 512, [3] * 4 + [0] * 4) == pytest.approx(four)
+    # n counts drafted tokens: six drafts under K = 3 are two rows' worth, however they are spread
+    assert model.ragged_step_seconds(8, 512, [3, 1, 1, 1] + [0] * 4) == pytest.approx(
+        model.ragged_step_seconds(8, 512, [3, 3] + [0] * 6))
+    assert model.drafting_share(8, 2, 1) == pytest.approx(0.4)  # K interpolated between 1 and 3
+    assert model.drafting_share(6, 3, 1) == pytest.approx(0.45)  # batch interpolated between 4 and 8
+    assert model.drafting_share(2, 3, 1) == pytest.approx(1 - 0.4 / 3)  # ... and between 1 (share 1) and 4
+    assert model.drafting_share(16, 3, 1) == pytest.approx(0.3)  # held beyond the largest batch
+    assert model.drafting_share(1, 3, 1) == 1.0
+    for bad in ({"cells": "many"}, {"cells": [{"batch": 8, "k": 3}]}, {"cells": [{"batch": 1, "k": 3, "share": 0.5}]},
+                {"cells": [{"batch": 8, "k": 3, "share": 1.5}]}, []):
+        profile["ragged"] = bad
+        with pytest.raises(ValueError, match="ragged"):
+            CostModel.from_profile(profile)

@@ -75,6 +75,19 @@ linear in those tokens. ``catch_up_seconds(tokens)`` prices it: from the profile
 per missed token (``draft_catch_up.seconds_per_token``) until the host has timed catch-ups of its own
 (``observe_catch_up``), then the median of the last ``window`` of those; 0 where neither is known.
 
+A host whose step cost follows the tokens it runs (vLLM, where the draft runs for the drafting rows
+alone) has a cheaper step when only some rows draft. A vLLM profile may hold, per (batch, K), the
+share of the batch's drafting increment one drafting row pays (``ragged``: measured side by side
+with the uniform steps). ``ragged_step_seconds(b, c, ks)`` then prices a step whose rows draft ks
+as the K = 0 step plus the (b, K = max ks) increment times
+
+    share(n) = s1 + (1 - s1) * (n - 1) / (b - 1),    n = sum(ks) / K  (drafting rows, in tokens),
+
+linear in drafted tokens between one row (s1) and all b rows (1). s1 is interpolated linearly over
+the measured batch sizes (s1 = 1 at batch 1) and K (held outside). On the 2-core CPU at batch 8
+s1 is about 0.4-0.5: the draft forwards (one per position, whatever the rows) are most of it. Without
+``ragged`` data a step costs its (b, K) cell whoever drafts, as before.
+
 A cell therefore converges after ``min_cell_obs`` of its own observations, every other cell after
 ``window // 2 + 1`` observations of the component. With no profile at all, ``CostModel.default()``
 starts from a conservative generic shape (verify cost growing with every token, a draft token
@@ -280,6 +293,26 @@ def _monotone(values: np.ndarray, mode: str = "measured", tolerance: float = 0.0
     for axis in strict:
         out = np.maximum.accumulate(out, axis=axis)
     return out
+
+
+def _ragged_shares(ragged: Any) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """A profile's `ragged` section as batch -> (Ks, one drafting row's share); {} if absent."""
+    if ragged is None:
+        return {}
+    cells = ragged.get("cells") if isinstance(ragged, Mapping) else None
+    if not isinstance(cells, list):
+        raise ValueError("a profile's ragged section must be a mapping with a list of cells")
+    by_batch: dict[int, list[tuple[int, float]]] = {}
+    for cell in cells:
+        try:
+            batch, k, share = int(cell["batch"]), int(cell["k"]), float(cell["share"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"a ragged cell needs batch, k and share, got {cell!r}") from None
+        if batch < 2 or k < 1 or not 0.0 <= share <= 1.0:
+            raise ValueError(f"a ragged cell needs batch >= 2, k >= 1 and a share in [0, 1], got {cell!r}")
+        by_batch.setdefault(batch, []).append((k, share))
+    return {b: (np.array([k for k, _ in sorted(v)], dtype=float), np.array([s for _, s in sorted(v)]))
+            for b, v in by_batch.items()}
 
 
 def _fit_linear(points: Iterable[tuple[float, float]]) -> tuple[float, float]:
@@ -532,6 +565,7 @@ class CostModel:
         if catch_up_per_token is not None and not (math.isfinite(catch_up_per_token) and catch_up_per_token >= 0):
             raise ValueError(f"catch_up_per_token must be a finite number >= 0, got {catch_up_per_token!r}")
         self.catch_up_per_token = catch_up_per_token  # measured by the profile; None = not measured
+        self.ragged_shares: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # batch -> (Ks, one row's share)
         if monotone not in MONOTONE_MODES:
             raise ValueError(f"monotone must be one of {MONOTONE_MODES}, got {monotone!r}")
         self.monotone, self.noise_tolerance = monotone, float(noise_tolerance)
@@ -560,7 +594,9 @@ class CostModel:
         if not isinstance(catch_up, Mapping) or not isinstance(catch_up.get("seconds_per_token", 0.0), (int, float)):
             raise ValueError("a profile's draft_catch_up must be a mapping with a number seconds_per_token")
         options.setdefault("catch_up_per_token", catch_up.get("seconds_per_token"))
-        return cls(target, draft, data.get("overhead") or (), source=str(name), **options)
+        model = cls(target, draft, data.get("overhead") or (), source=str(name), **options)
+        model.ragged_shares = _ragged_shares(data.get("ragged"))
+        return model
 
     @classmethod
     def default(cls, **options: Any) -> "CostModel":
@@ -680,6 +716,31 @@ class CostModel:
     def step_seconds_table(self, batch: int, context: float, k_max: int) -> list[float]:
         """step_seconds for k = 0..k_max, in one call."""
         return [self.step_seconds(batch, context, k) for k in range(k_max + 1)]
+
+    def ragged_step_seconds(self, batch: int, context: float, ks: Sequence[int]) -> float:
+        """A step whose rows draft `ks` (one per row, `batch` rows): see the module docstring."""
+        K = max(ks, default=0)
+        full = self.step_seconds(batch, context, K)
+        share = self.drafting_share(batch, K, sum(ks) / K if K else 0.0)
+        if share >= 1.0:
+            return full
+        base = self.step_seconds(batch, context, 0)
+        return base + max(full - base, 0.0) * share
+
+    def drafting_share(self, batch: int, k: int, rows: float) -> float:
+        """What `rows` drafting rows (in drafted tokens over K) pay of the (batch, K) increment."""
+        if k <= 0 or rows <= 0:
+            return 0.0
+        if batch <= 1 or rows >= batch or not self.ragged_shares:
+            return 1.0
+        one = self._one_row_share(batch, k)
+        return one + (1.0 - one) * (rows - 1.0) / (batch - 1.0)
+
+    def _one_row_share(self, batch: int, k: int) -> float:
+        per_batch = sorted(self.ragged_shares.items())
+        batches = np.array([1.0] + [float(b) for b, _ in per_batch])
+        shares = np.array([1.0] + [float(np.interp(k, ks, values)) for _, (ks, values) in per_batch])
+        return float(np.interp(batch, batches, shares))  # held beyond the largest measured batch
 
     def _lookup(self, table: _Table, b: int, c: float, j: int) -> float:
         if b <= table.max_b and j <= table.max_j:
