@@ -62,6 +62,7 @@ def test_profile_times_whole_vllm_steps_into_a_profile_the_cost_model_reads(tmp_
     assert result.returncode == 0, result.stderr[-3000:]
     profile = load_profile(out)
     assert profile["fingerprint"]["engine"] == "vllm" and profile["settings"]["whole_steps"]
+    assert "ragged" not in profile  # n-gram drafting has no lazy draft: no row's draft is skipped
     cells = {(row["batch"], row["query_tokens"]) for row in profile["target"]}
     assert cells == {(1, 1), (1, 3), (2, 1), (2, 3)}
     assert all(len(row["samples"]) == 3 for row in profile["target"])

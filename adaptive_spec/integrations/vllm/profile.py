@@ -13,6 +13,13 @@ prompts hold c tokens decode `CATCH_UP_OFF_STEPS` steps at K = 0 and then draft;
 resumes drafting, less the mean of a K = 0 and a K = 1 step (it verifies as one and drafts as the
 other), divided by the tokens the draft caught up on (prompts and skipped tokens, summed over rows).
 
+Ragged steps (`ragged`): vLLM's step cost follows the tokens it runs, so a step where one row drafts
+K beside B - 1 rows at k = 0 costs far less than the (B, K) cell. Measured at one context, side by
+side with the uniform K = 0 and K = K steps of the same batch (the machine drifts between runs, a
+ratio of adjacent runs much less): `share` = (ragged - uniform 0) / (uniform K - uniform 0), what
+one drafting row pays of the whole batch's drafting increment. The cost model interpolates linearly
+in drafted tokens between that one row and all B rows (`CostModel.ragged_step_seconds`).
+
 How a cell is measured: b requests whose prompts hold c tokens run together under a fixed k = K
 (the plug-in with a static policy); steps that prefill, or where a drafter proposed fewer than K
 tokens, are dropped; the first `warmup` decoding steps are not kept. Prompts repeat a random
@@ -38,6 +45,7 @@ FULL_GRID = {"batch_sizes": (1, 2, 4, 8), "contexts": (128, 512, 1024), "ks": (0
              "warmup": 3, "repeats": 10}
 CATCH_UP_CELLS = ((1, 256), (4, 256))  # (batch, prompt tokens)
 CATCH_UP_OFF_STEPS, CATCH_UP_ROUNDS = 8, 2
+RAGGED_BATCH_SIZES, RAGGED_KS, RAGGED_CONTEXT, RAGGED_ROUNDS, RAGGED_STEPS = (4, 8), (1, 3, 5), 256, 2, 16
 
 
 class _StepTimes:
@@ -86,6 +94,8 @@ def profile_vllm(spec: EngineSpec, grid: dict, name: str | None = None, progress
                 print(f"[batch {batch} context {context} K {k}: {rows[-1]['median'] * 1000:.0f} ms/step]",
                       file=progress)
     catch_up = measure_catch_up(llm, progress)  # None without a lazy draft model (n-gram drafting)
+    ragged = measure_ragged(llm, [b for b in grid["batch_sizes"] if b > 1], [k for k in grid["ks"] if k > 0],
+                            progress=progress)
     import vllm
 
     fingerprint = machine_fingerprint("cpu")
@@ -104,7 +114,75 @@ def profile_vllm(spec: EngineSpec, grid: dict, name: str | None = None, progress
                  "query_tokens": [k + 1 for k in grid["ks"]]},
         "target": rows, "draft": [], "overhead": [], "warnings": warnings,
         **({"draft_catch_up": catch_up} if catch_up else {}),
+        **({"ragged": ragged} if ragged else {}),
     }
+
+
+class _Scripted:
+    """Fixed ks by row (in order of first appearance); stamps each choice (one per step)."""
+
+    name = "profile-ragged"
+
+    def __init__(self, ks: list[int]):
+        self.ks, self.order, self.stamps, self.steps = ks, {}, [], []
+
+    def choose(self, views):
+        self.stamps.append(time.perf_counter())
+        for view in views:
+            self.order.setdefault(view.request_id, len(self.order))
+        ks = [self.ks[self.order[view.request_id] % len(self.ks)] for view in views]
+        # steady: the whole batch runs, and no drafting row catches up in this step
+        self.steps.append(len(views) == len(self.ks) and not any(v.draft_behind for v, k in zip(views, ks) if k))
+        return ks
+
+    def observe(self, record):
+        pass
+
+
+def _median_step(llm, scheduler, prompts, ks: list[int], steps: int) -> float:
+    from vllm import SamplingParams
+
+    policy = _Scripted(ks)
+    scheduler.use_controller(SpecController(policy))
+    params = [SamplingParams(temperature=0, max_tokens=steps * (k + 1), ignore_eos=True) for k in ks]
+    llm.generate(prompts, params, use_tqdm=False)
+    seconds = np.diff(policy.stamps)  # seconds[i]: the step that began with choice i
+    # The first steps prefill, catch up and verify drafts chosen under another pattern.
+    kept = [s for s, steady, previous in zip(seconds[3:], policy.steps[3:], policy.steps[2:]) if steady and previous]
+    return float(np.median(kept)) if kept else float("nan")
+
+
+def measure_ragged(llm, batch_sizes, ks, context: int = RAGGED_CONTEXT, rounds: int = RAGGED_ROUNDS,
+                   steps: int = RAGGED_STEPS, progress=sys.stderr) -> dict | None:
+    """One drafting row's share of a batch's drafting increment (see the module docstring); None
+    without a lazy draft model (vLLM's own draft upkeep runs every row at every step)."""
+    from .scheduler import scheduler_of
+
+    scheduler = scheduler_of(llm)
+    if not scheduler.lazy_draft or not batch_sizes or not ks:
+        return None
+    rng = np.random.default_rng(2)
+    cells = []
+    for batch in batch_sizes:
+        for k in ks:
+            shares = []
+            for _ in range(rounds):
+                prompts = [{"prompt_token_ids": np.resize(rng.integers(100, 20000, size=16), context).tolist()}
+                           for _ in range(batch)]
+                off = _median_step(llm, scheduler, prompts, [0] * batch, steps)
+                full = _median_step(llm, scheduler, prompts, [k] * batch, steps)
+                one = _median_step(llm, scheduler, prompts, [k] + [0] * (batch - 1), steps)
+                if full - off > 0.05 * off:  # an increment too small to split is left unmeasured
+                    shares.append(min(max((one - off) / (full - off), 0.0), 1.0))
+                print(f"[ragged batch {batch} K {k}: off {off * 1e3:.0f} ms, all {full * 1e3:.0f}, "
+                      f"one row {one * 1e3:.0f}]", file=progress)
+            if shares:
+                cells.append({"batch": batch, "k": k, "share": float(np.median(shares)),
+                              "shares": [round(x, 4) for x in shares]})
+    if not cells:
+        return None
+    return {"context": context, "drafting_rows": 1, "cells": cells,
+            "measured_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 class _CatchUps:
@@ -176,6 +254,25 @@ def add_catch_up(path: str, spec: EngineSpec) -> dict:
     return catch_up
 
 
+def add_ragged(path: str, spec: EngineSpec) -> dict:
+    """Measure ragged steps on this machine and write them into an existing vLLM profile."""
+    from ...profiling.profile_file import load_profile
+
+    profile = dict(load_profile(path))
+    if profile.get("fingerprint", {}).get("engine") != "vllm":
+        raise ValueError(f"{path} is not a vLLM profile (its fingerprint names no vLLM engine)")
+    grid = profile.get("grid", {})
+    batch_sizes = [b for b in grid.get("batch_sizes", RAGGED_BATCH_SIZES) if b > 1]
+    ks = [q - 1 for q in grid.get("query_tokens", [k + 1 for k in RAGGED_KS]) if q > 1]
+    llm = make_llm(spec)
+    ragged = measure_ragged(llm, batch_sizes, ks)
+    if ragged is None:
+        raise RuntimeError("no ragged step was measured: the engine has no lazy draft model")
+    profile["ragged"] = ragged
+    save_profile(profile, path)
+    return ragged
+
+
 def _row(batch: int, context: int, query_tokens: int, samples: list[float]) -> dict:
     q1, median, q3 = np.percentile(samples, [25, 50, 75])
     return {"batch": batch, "context": context, "query_tokens": query_tokens, "samples": [round(s, 6) for s in samples],
@@ -211,8 +308,15 @@ def run_vllm_profile(args) -> int:
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description="Measure the lazy draft's catch-up into a vLLM profile.")
-    parser.add_argument("--add-catch-up", required=True, metavar="PROFILE", help="the vLLM profile to extend")
+    parser = argparse.ArgumentParser(description="Add the lazy draft's catch-up or ragged steps to a vLLM profile.")
+    parser.add_argument("--add-catch-up", metavar="PROFILE", help="the vLLM profile to extend with its catch-up")
+    parser.add_argument("--add-ragged", metavar="PROFILE", help="the vLLM profile to extend with ragged steps")
     parser.add_argument("--pair", default="qwen-coder")
     options = parser.parse_args()
-    print(json.dumps(add_catch_up(options.add_catch_up, EngineSpec.for_pair(options.pair, max_k=1))))
+    if not (options.add_catch_up or options.add_ragged):
+        parser.error("give --add-catch-up PROFILE or --add-ragged PROFILE")
+    if options.add_catch_up:
+        print(json.dumps(add_catch_up(options.add_catch_up, EngineSpec.for_pair(options.pair, max_k=1))))
+    if options.add_ragged:
+        k_max = max([q - 1 for q in json.loads(open(options.add_ragged).read()).get("grid", {}).get("query_tokens", [2])])
+        print(json.dumps(add_ragged(options.add_ragged, EngineSpec.for_pair(options.pair, max_k=max(k_max, 1)))))
