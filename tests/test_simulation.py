@@ -18,7 +18,7 @@ import pytest
 
 from adaptive_spec.simulation import (TraceError, dp_schedule, expected_emitted_iid, load_trace, make_trace,
                                       save_trace, simulate)
-from adaptive_spec.control.policy import AcceptanceHistory, RequestView
+from adaptive_spec.control.policy import AcceptanceHistory, PolicyBase, RequestView
 from adaptive_spec.simulation import replay
 from adaptive_spec.simulation.ceilings import ConfidenceOraclePolicy, static_seconds
 from adaptive_spec.simulation.oracle import CostRows
@@ -213,6 +213,55 @@ def test_request_static_oracle_plays_one_k_per_request_at_every_batch_size():
         assert report["latency_p99"] > 0 and report["generated_tokens"] == sum(trace[i % 6].length for i in range(12))
 
 
+# ----------------------------------------------------------------------------- the vLLM host
+
+class _Scripted(PolicyBase):
+    """The first request drafts 2 from its second step on, the second never; records what it is shown."""
+
+    name = "scripted"
+
+    def __init__(self):
+        self.behind, self.stops = [], 0
+
+    def choose(self, requests):
+        self.behind.append([r.draft_behind for r in requests])
+        return [2 if len(self.behind) > 1 and r.request_id == "sim-0" else 0 for r in requests]
+
+    def keep_drafting(self, position, confidences):
+        self.stops += 1
+        return [c is not None for c in confidences]
+
+
+def test_the_vllm_host_catches_up_a_lazy_draft_stops_nothing_inside_the_step_and_prices_ragged_steps():
+    """host="vllm" imitates the plug-in: a row's draft misses the tokens of its steps at k = 0 (the
+    prompt and the first token, for a row that never drafted) and catches up before it drafts, at
+    the profile's catch-up cost; the policy's in-step rule is never asked; a ragged step costs
+    less than its (batch, K) cell by the profile's `ragged` share. Negative control: host="hf"
+    reports nobody behind and asks the in-step rule."""
+    profile = json.loads(json.dumps(PROFILE))
+    profile["draft_catch_up"] = {"seconds_per_token": 0.01}
+    trace = synthetic(2, 12, alpha=1.0).requests()  # prompts of 50 and 57 tokens
+    policy = _Scripted()
+    report = simulate(trace, profile, policy, batch_size=2, host="vllm")
+    assert report["host"] == "vllm" and policy.stops == 0
+    # Nobody has drafted yet: each misses its prompt and the tokens emitted so far, one a step.
+    assert policy.behind[0] == [51, 58] and policy.behind[1] == [52, 59]
+    assert policy.behind[2] == [0, 60]  # row 0 drafted in the second step and caught up there
+    assert report["catch_up_seconds"] == pytest.approx(0.01 * 52)
+    hf = _Scripted()
+    assert simulate(trace, profile, hf, batch_size=2)["host"] == "hf"
+    assert hf.stops > 0 and not any(any(b) for b in hf.behind)
+    # Ragged steps: one drafting row pays 10% of the increment instead of all of it.
+    ragged = {**profile, "ragged": {"cells": [{"batch": 2, "k": 2, "share": 0.1}, {"batch": 2, "k": 1, "share": 0.1}]}}
+    full, cheaper = (simulate(trace, p, _Scripted(), batch_size=2, host="vllm")["simulated_seconds"]
+                     for p in (profile, ragged))
+    assert cheaper < full
+    uniform = [simulate(trace, p, "static:2", batch_size=2, host="vllm")["simulated_seconds"] for p in (profile, ragged)]
+    assert uniform[0] == pytest.approx(uniform[1])  # a step where every row drafts costs its cell
+    with pytest.raises(ValueError, match="host"):
+        simulate(trace, profile, "off", host="sglang")
+
+
 # ----------------------------------------------------------------------------- determinism, speed
 
 def test_simulation_is_deterministic_for_a_seed():
@@ -301,7 +350,11 @@ def test_simulate_cli_and_bad_profiles(tmp_path):
     assert report["tokens_per_s"] > 0 and report["num_requests"] == 10
     report = _cli(["simulate", "--trace", str(trace), "--trace", str(trace), "--profile", str(PROFILE_PATH),
                    "--policy", "goodput", "--rate", "5", "--num-requests", "12"])
-    assert report["batch_size"] == 64 and report["latency_p99"] > 0
+    assert report["batch_size"] == 64 and report["latency_p99"] > 0 and report["host"] == "hf"
+    # --host auto follows the profile's engine: a vLLM profile's steps are the plug-in's
+    vllm_profile = _write(tmp_path / "vllm.json", json.dumps({**PROFILE, "fingerprint": {**PROFILE["fingerprint"], "engine": "vllm"}}))
+    assert _cli(["simulate", "--trace", str(trace), "--profile", str(vllm_profile)])["host"] == "vllm"
+    assert _cli(["simulate", "--trace", str(trace), "--profile", str(vllm_profile), "--host", "hf"])["host"] == "hf"
     corrupt = _write(tmp_path / "corrupt.json", "{\"format\": ")
     for profile, message in [(corrupt, "corrupt.json"), (tmp_path / "none.json", "none.json"),
                              (_write(tmp_path / "empty.json", "{}"), "empty.json")]:

@@ -99,7 +99,7 @@ def find_profile(loaded: LoadedPair) -> Path | None:
     """The profile in profiles/ whose fingerprint names these target and draft models, preferring
     one measured with the same precisions and Linear kernels (an int8 draft costs about half an fp32
     one; oneDNN's float32 matmul about half of torch's default on a multi-token verify)."""
-    from ..profiling.profile_file import fingerprint_value, model_fingerprint
+    from ..profiling.profile_file import fingerprint_value, model_fingerprint, profile_engine
 
     def how(fingerprint):
         return fingerprint_value(fingerprint or {}, "dtype"), fingerprint_value(fingerprint or {}, "linear_kernel")
@@ -110,10 +110,11 @@ def find_profile(loaded: LoadedPair) -> Path | None:
         if path.name.endswith(".acceptance.json"):
             continue
         try:
-            fingerprint = json.loads(path.read_text()).get("fingerprint", {})
-        except (OSError, ValueError):
+            profile = json.loads(path.read_text())
+            fingerprint = profile.get("fingerprint", {})
+        except (OSError, ValueError, AttributeError):
             continue
-        if fingerprint.get("engine", "hf") != "hf":  # whole vLLM steps are not this engine's costs
+        if profile_engine(profile) != "hf":  # whole vLLM steps are not this engine's costs
             continue
         models = fingerprint.get("models", {})
         target, draft = models.get("target") or {}, models.get("draft") or {}

@@ -60,13 +60,17 @@ def add_trace_commands(subparsers) -> None:
                      help="after a goodput run, save its learned acceptance prior and calibration here; saved "
                           "as PROFILE's `<name>.acceptance.json`, `--profile auto` starts goodput from it")
     sim.add_argument("--max-k", type=int, default=16, help="cap on any k, as the engine's max_k")
+    sim.add_argument("--host", choices=("auto", "hf", "vllm"), default="auto",
+                     help="whose step loop to imitate: hf (this project's engine: stops drafts inside the step, the "
+                          "draft keeps up at k = 0) or vllm (the plug-in: no stopping inside the step, a lazy draft that "
+                          "catches up on what it missed at the profile's catch-up cost); auto = the profile's engine")
     sim.add_argument("--prefill-seconds-per-token", type=float, default=0.0,
                      help="charge this per prompt token at admission (0: decode-only tokens/s; profiles do not "
                           "measure prefill; ~0.02 fits qwen-coder fp32 on a 2-core CPU)")
 
 
 def run_simulate(args) -> int:
-    from ..profiling.profile_file import ProfileError, load_profile
+    from ..profiling.profile_file import ProfileError, load_profile, profile_engine
     from ..simulation import load_traces, simulate
 
     traces = load_traces(args.trace)
@@ -75,6 +79,7 @@ def run_simulate(args) -> int:
     except ProfileError as error:
         raise ValueError(str(error)) from None
     batch = args.batch_size if args.batch_size is not None else (64 if args.rate is not None else 1)
+    host = args.host if args.host != "auto" else profile_engine(profile)
     policies = [p.strip() for p in (args.policies or "").split(",") if p.strip()] or [args.policy]
     if args.save_acceptance:
         if args.policies or args.rate is not None:
@@ -85,7 +90,7 @@ def run_simulate(args) -> int:
         try:
             report = simulate(traces, profile, policy, batch_size=batch, rate=args.rate,
                               num_requests=args.num_requests, seed=args.seed, max_k=args.max_k,
-                              prefill_seconds_per_token=args.prefill_seconds_per_token)
+                              prefill_seconds_per_token=args.prefill_seconds_per_token, host=host)
         except ProfileError as error:
             raise ValueError(str(error)) from None
         report["traces"] = list(args.trace)
@@ -93,7 +98,7 @@ def run_simulate(args) -> int:
         reports.append(report)
     if args.policies:
         print(f"batch={batch}{' rate=' + str(args.rate) if args.rate else ''}, {reports[0]['num_requests']} requests, "
-              f"profile {profile.get('name')}")
+              f"profile {profile.get('name')}, host {host}")
         _print_table(reports)
         print_json_line({"traces": list(args.trace), "profile": profile.get("name"), "batch_size": batch,
                          "rate": args.rate, "runs": reports,

@@ -305,6 +305,12 @@ def _weights(model: Any) -> tuple[int, str]:
     return parameters, str(next(model.parameters()).dtype).replace("torch.", "")
 
 
+def profile_engine(profile: Mapping[str, Any]) -> str:
+    """The engine whose steps a profile timed: "hf" (this project's engine, the default) or "vllm"."""
+    fingerprint = profile.get("fingerprint") if isinstance(profile, Mapping) else None
+    return str((fingerprint or {}).get("engine", "hf")) if isinstance(fingerprint, Mapping) else "hf"
+
+
 def fingerprint_value(model: Mapping[str, Any], key: str) -> Any:
     """A model fingerprint's `key`, or for a profile written before that key existed, what it was
     measured with: profiles without a linear_kernel ran torch's own kernels (dynamic int8 for an

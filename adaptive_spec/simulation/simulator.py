@@ -26,6 +26,13 @@ Loop (mirrors `SpecEngine.step`):
      records (k_i, accepted);
   5. the policy observes the StepRecord; finished requests leave.
 
+`host="vllm"` imitates the vLLM plug-in instead (`integrations/vllm`): no stopping inside the step;
+a lazy draft that skips rows at k = 0 and, before a row's next step that drafts, catches up over
+every token it missed (the prompt, for a row that never drafted), at the profile's
+`catch_up_seconds`, reported per row as `RequestView.draft_behind`; a ragged step (rows drafting
+different k) costs `CostModel.ragged_step_seconds`, and like a catching-up step is not timed for
+the policy's cost model, as the plug-in does.
+
 Requests: the trace requests are cycled to reach `num_requests` (simulated request i replays trace
 request i mod R with its own uniforms). Reports tokens/s (emitted tokens / simulated seconds),
 latency percentiles (completion - arrival, seconds), acceptance rate (accepted / drafted), mean
@@ -64,6 +71,7 @@ __all__ = ["simulate", "cost_model_from", "DEFAULT_MAX_K", "CEILINGS"]
 
 DEFAULT_MAX_K = 16  # the engine's default cap on any k
 CEILINGS = ("oracle", "request-static-oracle", "confidence-oracle")  # policy names the simulator builds itself
+HOSTS = ("hf", "vllm")
 
 
 def cost_model_from(profile: Mapping[str, Any] | CostModel) -> CostModel:
@@ -82,6 +90,7 @@ class _Sim:
     arrival: float = 0.0
     t: int = 0
     history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
+    draft_seen: int = 0  # host "vllm": context tokens its lazy draft has run over
 
 
 class _Clock:
@@ -139,6 +148,7 @@ def simulate(
     seed: int = 0,
     max_k: int = DEFAULT_MAX_K,
     prefill_seconds_per_token: float = 0.0,
+    host: str = "hf",
 ) -> dict:
     """Simulate one policy; returns the report dict (see the module docstring)."""
     started = time.perf_counter()
@@ -150,6 +160,8 @@ def simulate(
         raise ValueError(f"prefill_seconds_per_token must be >= 0, got {prefill_seconds_per_token}")
     if rate is not None and not rate > 0:
         raise ValueError(f"rate must be > 0 requests/s, got {rate}")
+    if host not in HOSTS:
+        raise ValueError(f"host must be one of {', '.join(HOSTS)}, got {host!r}")
     n_req = int(num_requests if num_requests is not None else len(traces))
     if n_req < 1:
         raise ValueError(f"num_requests must be >= 1, got {n_req}")
@@ -162,7 +174,7 @@ def simulate(
     sims = _requests(traces, n_req, seed)
     base = {"policy": ceiling or policy_obj.name, "batch_size": batch_size, "rate": rate,
             "num_requests": n_req, "seed": seed, "max_k": max_k,
-            "prefill_seconds_per_token": prefill_seconds_per_token}
+            "prefill_seconds_per_token": prefill_seconds_per_token, "host": host}
     if ceiling == "oracle" and batch_size > 1:
         report = _oracle_bound(sims, clock, batch_size, max_k)
         report["wall_seconds"] = round(time.perf_counter() - started, 4)
@@ -180,7 +192,7 @@ def simulate(
     elif ceiling == "confidence-oracle":
         policy_obj = ConfidenceOraclePolicy({s.rid: (s.trace.prompt_length, s.trace.accept_prob) for s in sims},
                                             lambda b, c, k: clock.step(b, c, k)[2])
-    report = _loop(sims, clock, policy_obj, batch_size, rate, seed, max_k)
+    report = _loop(sims, clock, policy_obj, batch_size, rate, seed, max_k, lazy_draft=host == "vllm")
     calibration = getattr(policy_obj, "calibration", None)
     if calibration is not None and hasattr(calibration, "report"):
         extra["calibration"] = calibration.report()  # predictions made before each outcome
@@ -190,7 +202,7 @@ def simulate(
 
 
 def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float | None, seed: int,
-          max_k: int) -> dict:
+          max_k: int, lazy_draft: bool = False) -> dict:
     if rate is not None:
         gaps = np.random.default_rng([int(seed), 2**31 - 1]).exponential(1.0 / rate, len(sims))
         for sim, arrival in zip(sims, np.cumsum(gaps)):
@@ -202,9 +214,10 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
     k_hist: Counter = Counter()
     batch_k_hist: Counter = Counter()
     latencies = []
-    prefill_seconds = 0.0
+    prefill_seconds = catch_up_seconds = 0.0
     observe = policy.observe
-    stop_rule = adopt_stop_rule(policy)  # None for rule-free policies and the ceilings
+    # vLLM's host cannot stop a draft inside the step; ours can (None for rule-free policies and the ceilings).
+    stop_rule = None if lazy_draft else adopt_stop_rule(policy)
     while running or pending:
         # 1. admit
         while pending and len(running) < batch_size and (rate is None or pending[0].arrival <= now):
@@ -227,8 +240,9 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         views = []
         for sim in running:
             remaining = sim.trace.length - sim.t
-            views.append(RequestView(sim.rid, sim.trace.prompt_length + sim.t, remaining,
-                                     max(0, min(max_k, remaining - 1)), sim.history))
+            context = sim.trace.prompt_length + sim.t
+            views.append(RequestView(sim.rid, context, remaining, max(0, min(max_k, remaining - 1)), sim.history,
+                                     draft_behind=context - sim.draft_seen if lazy_draft else 0))
         ks = choose_ks(policy, views)
         positions = max(ks)
         if stop_rule is not None and positions:
@@ -237,6 +251,12 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         b = len(running)
         contexts = tuple(v.context_length for v in views)
         draft_s, verify_s, total_s = clock.step(b, max(contexts), batch_k, positions)
+        ragged = lazy_draft and len(set(ks)) > 1
+        if ragged:  # vLLM: the step follows its drafted tokens (a profile's `ragged` shares)
+            total_s = clock.cm.ragged_step_seconds(b, max(contexts), ks)
+        behind = sum(v.draft_behind for v, k in zip(views, ks) if k)  # a lazy draft catches up first
+        catch_up = clock.cm.catch_up_seconds(behind) if behind else 0.0
+        catch_up_seconds += catch_up
         # 3. replay
         outcomes = []
         finished = []
@@ -245,6 +265,8 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             k_eff, acc, emitted = replay.step(sim.run, sim.t, k, n)
             sim.history.record(k_eff, acc)
             sim.t += emitted
+            if k:  # the draft ran over this row's context (the new tokens it reads as it drafts next)
+                sim.draft_seen = sim.trace.prompt_length + sim.t
             outcomes.append(RequestOutcome(sim.rid, k_eff, acc, emitted))
             emitted_total += emitted
             drafted += k_eff
@@ -255,10 +277,13 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         request_steps += b
         steps += 1
         batch_k_hist[batch_k] += 1
-        now += total_s
+        now += total_s + catch_up
+        # As vLLM's plug-in does, a step that caught up is not a step cost (catch-up is priced apart),
+        # and neither is a ragged step (no profile cell describes it).
+        timed = 0.0 if catch_up or ragged else 1.0
         observe(StepRecord(batch_size=b, batch_k=batch_k, context_lengths=contexts, outcomes=tuple(outcomes),
-                           draft_seconds=draft_s, verify_seconds=verify_s, total_seconds=total_s,
-                           draft_positions=positions))
+                           draft_seconds=draft_s * timed, verify_seconds=verify_s * timed,
+                           total_seconds=total_s * timed, draft_positions=positions))
         if finished:
             for row in finished:
                 latencies.append(now - running[row].arrival)
@@ -269,6 +294,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         "generated_tokens": int(emitted_total),
         "simulated_seconds": round(now, 6),
         "prefill_seconds": round(prefill_seconds, 6),
+        "catch_up_seconds": round(catch_up_seconds, 6),
         "tokens_per_s": round(emitted_total / now, 4) if now > 0 else None,
         "steps": steps,
         "request_steps": request_steps,
