@@ -214,6 +214,47 @@ def test_probes_share_their_step():
 
 
 # --- option stopping (stopping.py) -------------------------------------------------------------
+class RaggedCost:
+    """Whole-batch step costs at batch 8 (K = 0..4), and optionally vLLM-like ragged pricing: one
+    drafting row pays `one_row` of the drafting increment, the others the rest in equal parts."""
+
+    table = [1.0, 1.5, 1.8, 2.1, 2.4]
+
+    def __init__(self, one_row=None):
+        self.one_row = one_row
+        if one_row is not None:
+            self.drafting_share = lambda batch, k, rows: min(one_row + (1 - one_row) * (rows - 1) / (batch - 1), 1.0)
+
+    def step_seconds_table(self, batch, context, k_max):
+        return [self.table[min(k, len(self.table) - 1)] for k in range(k_max + 1)]
+
+    def observe(self, record):
+        pass
+
+
+def _two_good_rows(cost) -> list[int]:
+    """Eight rows, rows 0 and 1 with a drafter that always agrees, the other six one that never does;
+    the k each gets once their histories show it (a host that cannot stop drafts inside the step)."""
+    policy = GoodputPolicy(cost, GoodputConfig(max_k=4, hysteresis=0.0, probe_interval=64, max_probe_interval=64,
+                                               price_ragged_steps=True))
+    views = _views(8, max_k=4)
+    for _ in range(6):
+        policy.choose(views)
+        outcomes = tuple(RequestOutcome(v.request_id, 4, 4 if i < 2 else 0, 5 if i < 2 else 1) for i, v in enumerate(views))
+        policy.observe(StepRecord(batch_size=8, batch_k=4, context_lengths=(100,) * 8, outcomes=outcomes,
+                                  draft_seconds=0.0, verify_seconds=0.0, total_seconds=0.0))
+    return policy.choose(views)
+
+
+def test_where_a_step_follows_its_drafted_tokens_only_the_rows_that_pay_draft():
+    """With `price_ragged_steps` and vLLM-like pricing (one drafting row pays 20% of the batch's
+    drafting increment): the two rows whose drafter agrees draft the full 4, the six others stay at
+    k = 0. Negative control: priced by its longest draft, the step's drafting would cost the whole
+    increment for two rows' tokens, so nobody drafts."""
+    assert _two_good_rows(RaggedCost(one_row=0.2)) == [4, 4, 0, 0, 0, 0, 0, 0]
+    assert _two_good_rows(RaggedCost()) == [0] * 8
+
+
 # Step seconds of the default pair's CPU profile at batch 1 (rounded), with forwards 0..j run: the
 # first draft's verify is the big jump, each further draft adds a forward and a little verify.
 DROP = [0.48, 0.80, 0.91, 0.97, 1.04]  # draft j dropped: j drafts verified

@@ -58,6 +58,13 @@ its few remaining tokens cannot repay stays at k = 0 while the rows beside it dr
 row that does not draft pays its whole catch-up, so it waits until its request's time without
 speculation covers that at `probe_budget`.
 
+Where a step's cost follows its drafted tokens rather than its longest draft (vLLM, whose lazy draft
+runs for the drafting rows alone; the cost model's `drafting_share`, from a profile's measured
+ragged steps), `price_ragged_steps` prices drafting per row: the first drafting row pays its share
+of the batch's drafting increment, each further row its own part, so at each K only the rows whose
+tokens pay for their part draft (`_drafting_rows`) and a probe costs the batch one row's share.
+Otherwise (the default) every row drafts for free once one does.
+
 Warm start: `state()` / `load_state()` carry the prior and the calibration across processes (the
 CLI keeps them beside the profile).
 
@@ -105,6 +112,10 @@ class GoodputConfig:
     option_stopping: bool = True  # at batch 1, value drafting on with the option to stop later (stopping.py)
     option_min_step_seconds: float = 0.05  # ... when a step takes this long: its tables cost ~0.3 ms a step
     price_catch_up: bool = True  # charge a lazy draft's catch-up (RequestView.draft_behind); False ignores it
+    # Price drafting per row where the cost model knows ragged steps (vLLM profiles with `ragged`
+    # shares): only rows whose tokens pay for their part draft. Off by default: simulated under
+    # Poisson load it drafted more and earned less than pricing every step by its longest draft.
+    price_ragged_steps: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -187,13 +198,17 @@ class GoodputPolicy(PolicyBase):
         expected = [_expected_prefix(state.estimator.optimistic_rates(k_max, self.config.exploration_z), k_max)
                     for state in states]
         seconds_per_behind = self._catch_up_rate(requests)
-        options = [_drafting_rows(k, requests, expected, costs[k], seconds_per_behind) for k in range(k_max + 1)]
+        shares = self._row_shares(len(requests), k_max)
+        options = [_drafting_rows(k, requests, expected, costs[0], costs[k], seconds_per_behind, shares[k])
+                   for k in range(k_max + 1)]
         self.last_goodput = [goodput for goodput, _, _ in options]
         best = max(range(k_max + 1), key=self.last_goodput.__getitem__)
         current = min(self._batch_k, k_max)
-        # Hysteresis spares the cost of flapping; staying at a K that needs a catch-up is not free,
-        # so it gets no such protection (drafting must then pay for the catch-up by itself).
-        protected = not options[current][2]
+        # Hysteresis spares the cost of flapping where no option prices it. A move that needs a
+        # catch-up has that cost priced in (staying at a K that needs one is not free either), so
+        # neither end of such a move is protected: a lazy draft's K = 0 would otherwise hold every
+        # row whose drafting pays by less than the hysteresis, and those rows never learn it pays more.
+        protected = not options[current][2] and not options[best][2]
         if protected and self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis):
             best = current
         self._batch_k = best
@@ -201,7 +216,10 @@ class GoodputPolicy(PolicyBase):
         # A probe of a row that does not draft makes that row catch up, in full.
         probe_catch_up = [0.0 if index in drafting else seconds_per_behind * r.draft_behind
                           for index, r in enumerate(requests)]
-        probes = self._probes(requests, states, costs, probe_catch_up, drafting)
+        # What a probe costs the batch: one row's share of the drafting increment where the host's
+        # step follows its drafted tokens (vLLM), the whole increment where it follows its longest draft.
+        probe_costs = [costs[0]] + [costs[0] + (cost - costs[0]) * share[0] for cost, share in zip(costs[1:], shares[1:])]
+        probes = self._probes(requests, states, probe_costs, probe_catch_up, drafting)
         upper = k_max if self.config.stop_inside_step and self.host_stops_drafts else best
         ks = [max(min(upper, r.max_k), probe) if index in drafting else probe
               for index, (r, probe) in enumerate(zip(requests, probes))]
@@ -363,6 +381,18 @@ class GoodputPolicy(PolicyBase):
                 self.calibration.new_offset(), probe_interval=self.config.probe_interval)
         return [self._requests[r.request_id] for r in requests]
 
+    def _row_shares(self, batch: int, k_max: int) -> list[tuple[float, float]]:
+        """Per K: (one drafting row's share of the batch's drafting increment, each further row's),
+        from the cost model's `drafting_share`; (1, 0) where a step costs its longest draft."""
+        share = getattr(self.cost_model, "drafting_share", None) if self.config.price_ragged_steps else None
+        if share is None or batch <= 1:
+            return [(1.0, 0.0)] * (k_max + 1)
+        out = [(1.0, 0.0)]
+        for k in range(1, k_max + 1):
+            one = share(batch, k, 1.0)
+            out.append((one, max(share(batch, k, 2.0) - one, 0.0)))
+        return out
+
     def _catch_up_rate(self, requests: Sequence[RequestView]) -> float:
         """Seconds per context token a lazy draft missed (0 when no row is behind or nothing prices it)."""
         price = getattr(self.cost_model, "catch_up_seconds", None)
@@ -374,8 +404,8 @@ class GoodputPolicy(PolicyBase):
                 catch_ups: Sequence[float], drafting: set[int]) -> list[int]:
         """Probe lengths (0 = none) for requests that have not drafted for a while, whether the
         batch drafts or not (a drafting batch may still have dropped their drafts inside the step).
-        `catch_ups[i]`: what a probe of request i would add in draft catch-up; a probe waits until the
-        time its request spent without speculation pays for that at `probe_budget`.
+        `catch_ups[i]`: what a probe of request i would add in draft catch-up; such a probe waits until
+        its request's share of the time spent without speculation pays for it at `probe_budget`.
 
         Probes share their step: a step's cost follows its longest draft, so once one row probes,
         every other row outside `drafting` whose probe adds no catch-up probes beside it at the same
@@ -387,11 +417,17 @@ class GoodputPolicy(PolicyBase):
             # After a fully accepted probe the next probe is due at once: probes chain until the
             # evidence they add makes drafting pay by itself.
             row_due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
-            if row_due and catch_up > self.config.probe_budget * state.steps_off * costs[0]:
+            length = min(self._probe_length(state, costs), request.max_k)
+            # A probe that needs a catch-up probes alone, and waits until the row's time without
+            # speculation pays at the budget for all the batch pays for it: the catch-up and the
+            # probe's own step. A row's share of a batch step is 1 / batch of it, so the batch's
+            # probes together stay within the budget.
+            spent = catch_up + costs[length] - costs[0]
+            if row_due and catch_up and spent > self.config.probe_budget * state.steps_off * costs[0] / len(requests):
                 row_due = False
             state.resume = False
             due.append(row_due)
-            lengths.append(min(self._probe_length(state, costs), request.max_k))
+            lengths.append(length)
         if any(due):
             length = max(k for k, row_due in zip(lengths, due) if row_due)
             for index, (request, catch_up) in enumerate(zip(requests, catch_ups)):
@@ -427,38 +463,45 @@ class GoodputPolicy(PolicyBase):
         return best
 
 
-def _drafting_rows(k: int, requests: Sequence[RequestView], expected: list[list[float]], cost: float,
-                   seconds_per_behind: float) -> tuple[float, list[int], float]:
+def _drafting_rows(k: int, requests: Sequence[RequestView], expected: list[list[float]], base: float, cost: float,
+                   seconds_per_behind: float, share: tuple[float, float] = (1.0, 0.0)) -> tuple[float, list[int], float]:
     """At batch draft length k: the goodput, the rows that draft, and the catch-up seconds they add.
 
-    A row whose lazy draft is behind (`draft_behind`) drafts only if the tokens it adds pay for its
-    catch-up; the host drafts for it alone (vLLM's lazy draft skips the other rows). One catch-up
-    buys the row's drafting for the rest of the request, so it is spread over the steps the row has
-    left at this k: a row near its end does not resume. Which rows to add is a ratio of sums,
-    (tokens) / (step + catch-ups): adding rows in order of tokens added per catch-up second while
-    that beats the goodput so far is optimal."""
+    `base` is the step at K = 0 and `cost` the step with every row drafting k. Where the host's step
+    follows its drafted tokens (vLLM: `share` = (s1, per_row) from the cost model), the first drafting
+    row pays s1 of the increment and each further row per_row of it, in proportion to its drafts;
+    where it follows its longest draft, (1, 0), one row pays it all and the others draft for nothing.
+    A row whose lazy draft is behind (`draft_behind`) also pays its catch-up; one catch-up buys the
+    row's drafting for the rest of the request, so it is spread over the steps the row has left at
+    this k: a row near its end does not resume. The goodput is a ratio of sums, tokens over seconds,
+    so the best set of drafting rows is a prefix of the rows in order of tokens added per second
+    added; every prefix is scored (the first row's fixed share makes drafting all-or-some)."""
+    tokens = sum(rows[0] for rows in expected)
     if k == 0:
-        return sum(rows[0] for rows in expected) / max(cost, 1e-12), [], 0.0
-    tokens, drafting, candidates = 0.0, [], []
+        return tokens / max(base, 1e-12), [], 0.0
+    increment = max(cost - base, 0.0)
+    first, per_row = increment * share[0], increment * share[1]
+    candidates = []
     for index, (request, rows) in enumerate(zip(requests, expected)):
-        own = rows[min(k, request.max_k)]
-        added = own - rows[0]
+        own_k = min(k, request.max_k)
+        added = rows[own_k] - rows[0]
+        if added <= 0:
+            continue
         charge = 0.0
-        if request.draft_behind and seconds_per_behind and added > 0:
-            charge = seconds_per_behind * request.draft_behind / max(request.remaining_tokens / own, 1.0)
-        if charge:
-            tokens += rows[0]
-            candidates.append((added / charge, added, charge, index))
-        else:
-            tokens += own
-            drafting.append(index)
-    seconds, extra = cost, 0.0
-    for ratio, added, charge, index in sorted(candidates, reverse=True):
-        if ratio <= tokens / max(seconds, 1e-12):
-            break
-        tokens, seconds, extra = tokens + added, seconds + charge, extra + charge
-        drafting.append(index)
-    return tokens / max(seconds, 1e-12), sorted(drafting), extra
+        if request.draft_behind and seconds_per_behind:
+            charge = seconds_per_behind * request.draft_behind / max(request.remaining_tokens / rows[own_k], 1.0)
+        extra = per_row * own_k / k + charge
+        candidates.append((added / extra if extra > 0 else math.inf, added, extra, charge, index))
+    if not candidates:
+        return tokens / max(cost, 1e-12), [], 0.0
+    candidates.sort(key=lambda c: c[0], reverse=True)
+    seconds, catch_up, best = base + first - per_row, 0.0, None  # the first row's per_row is in `first`
+    for n, (_, added, extra, charge, _) in enumerate(candidates, start=1):
+        tokens, seconds, catch_up = tokens + added, seconds + extra, catch_up + charge
+        goodput = tokens / max(seconds, 1e-12)
+        if best is None or goodput > best[0]:
+            best = (goodput, n, catch_up)
+    return best[0], sorted(c[4] for c in candidates[:best[1]]), best[2]
 
 
 def _quantiles(values: list[float], count: int) -> list[float]:
