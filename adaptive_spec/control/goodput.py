@@ -417,17 +417,17 @@ class GoodputPolicy(PolicyBase):
             # After a fully accepted probe the next probe is due at once: probes chain until the
             # evidence they add makes drafting pay by itself.
             row_due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
-            length = min(self._probe_length(state, costs), request.max_k)
+            own_length = min(self._probe_length(state, costs), request.max_k)
             # A probe that needs a catch-up probes alone, and waits until the row's time without
             # speculation pays at the budget for all the batch pays for it: the catch-up and the
             # probe's own step. A row's share of a batch step is 1 / batch of it, so the batch's
             # probes together stay within the budget.
-            spent = catch_up + costs[length] - costs[0]
+            spent = catch_up + costs[own_length] - costs[0]
             if row_due and catch_up and spent > self.config.probe_budget * state.steps_off * costs[0] / len(requests):
                 row_due = False
             state.resume = False
             due.append(row_due)
-            lengths.append(length)
+            lengths.append(own_length)
         if any(due):
             length = max(k for k, row_due in zip(lengths, due) if row_due)
             for index, (request, catch_up) in enumerate(zip(requests, catch_ups)):

@@ -237,13 +237,19 @@ def measure_catch_up(llm, progress=sys.stderr, cells=CATCH_UP_CELLS, off_steps=C
             "cells": kept, "off_steps": off_steps}
 
 
-def add_catch_up(path: str, spec: EngineSpec) -> dict:
-    """Measure the catch-up on this machine and write it into an existing vLLM profile."""
-    from ...profiling.profile_file import load_profile
+def _vllm_profile(path: str) -> dict:
+    """An existing vLLM profile, to extend; ValueError for any other profile."""
+    from ...profiling.profile_file import load_profile, profile_engine
 
     profile = dict(load_profile(path))
-    if profile.get("fingerprint", {}).get("engine") != "vllm":
+    if profile_engine(profile) != "vllm":
         raise ValueError(f"{path} is not a vLLM profile (its fingerprint names no vLLM engine)")
+    return profile
+
+
+def add_catch_up(path: str, spec: EngineSpec) -> dict:
+    """Measure the catch-up on this machine and write it into an existing vLLM profile."""
+    profile = _vllm_profile(path)
     llm = make_llm(spec)
     catch_up = measure_catch_up(llm)
     if catch_up is None:
@@ -254,17 +260,14 @@ def add_catch_up(path: str, spec: EngineSpec) -> dict:
     return catch_up
 
 
-def add_ragged(path: str, spec: EngineSpec) -> dict:
-    """Measure ragged steps on this machine and write them into an existing vLLM profile."""
-    from ...profiling.profile_file import load_profile
-
-    profile = dict(load_profile(path))
-    if profile.get("fingerprint", {}).get("engine") != "vllm":
-        raise ValueError(f"{path} is not a vLLM profile (its fingerprint names no vLLM engine)")
+def add_ragged(path: str, pair: str) -> dict:
+    """Measure ragged steps of `pair` on this machine, at the profile's batch sizes and Ks, and write
+    them into an existing vLLM profile."""
+    profile = _vllm_profile(path)
     grid = profile.get("grid", {})
     batch_sizes = [b for b in grid.get("batch_sizes", RAGGED_BATCH_SIZES) if b > 1]
     ks = [q - 1 for q in grid.get("query_tokens", [k + 1 for k in RAGGED_KS]) if q > 1]
-    llm = make_llm(spec)
+    llm = make_llm(EngineSpec.for_pair(pair, max_k=max(ks, default=1)))
     ragged = measure_ragged(llm, batch_sizes, ks)
     if ragged is None:
         raise RuntimeError("no ragged step was measured: the engine has no lazy draft model")
@@ -318,5 +321,4 @@ if __name__ == "__main__":
     if options.add_catch_up:
         print(json.dumps(add_catch_up(options.add_catch_up, EngineSpec.for_pair(options.pair, max_k=1))))
     if options.add_ragged:
-        k_max = max([q - 1 for q in json.loads(open(options.add_ragged).read()).get("grid", {}).get("query_tokens", [2])])
-        print(json.dumps(add_ragged(options.add_ragged, EngineSpec.for_pair(options.pair, max_k=max(k_max, 1)))))
+        print(json.dumps(add_ragged(options.add_ragged, options.pair)))
