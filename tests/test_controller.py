@@ -162,6 +162,64 @@ def test_a_probe_keeps_its_drafts_whatever_the_forecast():
     assert [policy.keep_drafting(j, [0.01])[0] for j in range(3)] == [True, True, KEEP_LAST]
 
 
+def _calibration_updates(policy) -> list[float]:
+    """The confidences the policy's calibration learns from, in order."""
+    seen, update = [], policy.calibration.update
+    policy.calibration.update = lambda confidence, *args, **kw: (seen.append(confidence), update(confidence, *args, **kw))[1]
+    return seen
+
+
+def test_a_host_that_chooses_before_it_reports_matches_outcomes_to_their_own_choice():
+    """vLLM chooses step N+1's draft lengths before it reports what step N verified (the drafts of
+    the choice at N), and says so with `StepRecord.lag = 1`: the outcome must teach the calibration
+    the confidence drafted at N (0.9), not the one drafted since (0.2). Negative control: the same
+    calls reported with lag 0 pair the outcome with the newer choice's confidence."""
+    for lag, expected in ((1, [0.9]), (0, [0.2])):
+        policy = _drafting_policy(KneeCost())
+        seen = _calibration_updates(policy)
+        view = _views(1)
+        policy.choose(view)
+        policy.keep_drafting(0, [0.9])
+        # the step that drafted at 0.9 verified nothing yet (a host at lag 1 has no choice to match)
+        policy.observe(StepRecord(1, 0, (100,), (RequestOutcome("r0", 0, 0, 1),), 0.0, 1.0, 1.0, lag=-1 if lag else 0))
+        policy.choose(view)
+        policy.keep_drafting(0, [0.2])
+        policy.observe(StepRecord(1, 1, (100,), (RequestOutcome("r0", 1, 1, 2),), 0.0, 1.0, 1.0, lag=lag))
+        assert seen == expected, (lag, seen)
+
+
+def test_a_probe_still_unverified_is_not_probed_again_or_counted_as_failed():
+    """At lag 1 a probe's outcome arrives a choice late. The choice in between must neither probe
+    the row again nor back its interval off (that would read the wait as a failed probe); once the
+    fully accepted probe is reported, the row drafts at once. The control is the same row at lag 0,
+    whose outcome arrives before the next choice."""
+    policy = _drafting_policy(KneeCost(), probe_interval=2, probe_k=3)
+    policy.prior.successes = [0.0] * len(policy.prior.trials)  # a drafter believed useless
+    view = _views(1)
+    for _ in range(2):
+        assert policy.choose(view) == [0]
+        policy.observe(StepRecord(1, 0, (100,), (RequestOutcome("r0", 0, 0, 1),), 0.0, 1.0, 1.0))
+    assert policy.choose(view) == [3]  # the probe, drafted at the end of this vLLM step
+    state = policy._requests["r0"]
+    interval = state.probe_interval
+    # what the step before the probe verified (no drafts), reported after the probe was chosen
+    policy.observe(StepRecord(1, 0, (100,), (RequestOutcome("r0", 0, 0, 1),), 0.0, 1.0, 1.0, lag=1))
+    assert policy.choose(view) == [0] and state.probe_interval == interval  # the probe is in flight
+    policy.observe(StepRecord(1, 3, (100,), (RequestOutcome("r0", 3, 3, 4),), 0.0, 1.0, 1.0, lag=1))
+    assert policy.choose(view)[0] >= 3  # a fully accepted probe: drafting resumes at once
+    assert state.probe_interval == interval
+    # control: the same calls reported at lag 0 pair the k = 0 outcome with the probe, so the
+    # overdue row probes again and backs off
+    control = _drafting_policy(KneeCost(), probe_interval=2, probe_k=3)
+    control.prior.successes = [0.0] * len(control.prior.trials)
+    for _ in range(2):
+        control.choose(view)
+        control.observe(StepRecord(1, 0, (100,), (RequestOutcome("r0", 0, 0, 1),), 0.0, 1.0, 1.0))
+    assert control.choose(view) == [3]
+    control.observe(StepRecord(1, 0, (100,), (RequestOutcome("r0", 0, 0, 1),), 0.0, 1.0, 1.0))
+    assert control.choose(view) == [3] and control._requests["r0"].probe_interval == 2 * interval
+
+
 class SteepCost(KneeCost):
     """A batch's step cost rising 70% with the first draft (vLLM's CPU profile at batch 6)."""
 
@@ -172,8 +230,9 @@ class SteepCost(KneeCost):
 
 
 def _probe_due(policy, views, rows):
-    """Make a probe due for `rows` alone (the others drafted a step ago)."""
+    """Make a probe due for `rows` alone (the others drafted a step ago, and that step is over)."""
     policy.choose(views)
+    policy._unobserved.clear()  # its outcomes arrived (what they taught is set below)
     for index, view in enumerate(views):
         state = policy._requests[view.request_id]
         state.steps_off = state.probe_interval if index in rows else 0

@@ -11,7 +11,8 @@ step's cost follows K; `cost_model` gives step_seconds from a measured profile, 
    (`acceptance.py`: per-position rates learned from its outcomes, optimistic by `exploration_z`
    posterior deviations). K = 0, speculation off, wins whenever nothing pays; otherwise every row
    may draft up to `max_k` (its cap), and decision 2 ends the draft. A host that cannot stop a
-   draft inside the step (`host_stops_drafts` False, e.g. the vLLM plug-in) gets the best K.
+   draft inside the step (`host_stops_drafts` False, e.g. the vLLM plug-in with n-gram drafts)
+   gets the best K.
 2. Inside the step (`keep_drafting`, called at each draft position with each drafting row's draft
    confidence, after the forward that produced it): drop that draft and stop, keep it and stop
    (KEEP_LAST: no further forward), or keep it and draft on. A row's chance that every draft so far survives is the
@@ -67,6 +68,10 @@ Otherwise (the default) every row drafts for free once one does.
 
 Warm start: `state()` / `load_state()` carry the prior and the calibration across processes (the
 CLI keeps them beside the profile).
+
+Hosts that choose the next step's draft lengths before they report this step's outcomes (vLLM)
+say so in `StepRecord.lag`: each outcome is matched to the choice that drafted it (its probe, its
+confidences for the calibration), and a row whose drafts are still unverified is not probed again.
 
 Flapping guard: the decision before drafting changes K only when the new best beats the current
 K's goodput by more than `hysteresis`, unless staying at the current K would need a catch-up.
@@ -175,7 +180,9 @@ class GoodputPolicy(PolicyBase):
         self._requests: dict[str, _RequestState] = {}
         self._batch_k = 0
         self._step: list[_Row] = []  # the step being drafted, in the order `choose` saw it
-        self._step_ids: list[str] = []
+        # Rows per request of the choices whose outcomes have not been observed, oldest first: one
+        # where a host verifies each choice before choosing again, two in vLLM (`StepRecord.lag`).
+        self._unobserved: deque = deque(maxlen=4)
         self._costs: list[float] = []  # step_seconds per K for the step being drafted
         self._batch: tuple[int, float] = (1, 0.0)  # its batch size and context
         self.last_goodput: list[float] = []  # goodput per K at the last choice, for inspection
@@ -185,7 +192,8 @@ class GoodputPolicy(PolicyBase):
 
     # --- decision 1: draft at all? -----------------------------------------------------------
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
-        self._step, self._step_ids, self._options = [], [], None
+        self._step, self._options = [], None
+        self._unobserved.append({})  # first, so a choice that fails still keeps outcomes in step
         if not requests:
             return []
         states = self._states_for(requests)
@@ -225,7 +233,7 @@ class GoodputPolicy(PolicyBase):
               for index, (r, probe) in enumerate(zip(requests, probes))]
         self._step = [_Row(state, k, state.estimator.rates(max(k, 1)), probe_k=probe)
                       for state, k, probe in zip(states, ks, probes)]
-        self._step_ids = [r.request_id for r in requests]
+        self._unobserved[-1] = dict(zip((r.request_id for r in requests), self._step))
         return ks
 
     # --- decision 2: keep this draft, and draft on? -----------------------------------------
@@ -315,7 +323,11 @@ class GoodputPolicy(PolicyBase):
         positions 0..position already (a dropped draft's forward is still paid)."""
         cost = self._costs[final]
         draft_seconds = getattr(self.cost_model, "draft_seconds", None)
-        if final <= position and draft_seconds is not None:
+        if final <= position and not getattr(self.cost_model, "has_draft", True):
+            # a profile of whole steps (vLLM) times no draft forward apart: a dropped draft is
+            # charged as a kept one (an overcharge by the verify's share of the step's increment)
+            cost = self._costs[min(position + 1, len(self._costs) - 1)]
+        elif final <= position and draft_seconds is not None:
             batch, context = self._batch
             cost += draft_seconds(batch, context, position + 1) - draft_seconds(batch, context, final)
         return cost
@@ -330,7 +342,12 @@ class GoodputPolicy(PolicyBase):
                 rate = sum(o.emitted for o in record.outcomes) / predicted
                 self.rate_ema = rate if self.rate_ema is None else 0.9 * self.rate_ema + 0.1 * rate
         self.cost_model.observe(record)
-        step = dict(zip(self._step_ids, self._step))
+        # the rows of the choice whose drafts this step verified (see StepRecord.lag)
+        lag = record.lag
+        step = self._unobserved[-1 - lag] if 0 <= lag < len(self._unobserved) else {}
+        if lag >= 0:
+            while len(self._unobserved) > lag:
+                self._unobserved.popleft()
         for outcome in record.outcomes:
             state = self._requests.get(outcome.request_id)
             if state is None:
@@ -352,7 +369,8 @@ class GoodputPolicy(PolicyBase):
                     state.probe_interval = self.config.probe_interval
             else:
                 state.steps_off += 1
-        self._step, self._step_ids = [], []
+        if not self._unobserved:
+            self._step = []
 
     def _learn_calibration(self, row: _Row, k: int, accepted: int) -> None:
         """Positions up to the first rejection were tested; those after it were not."""
@@ -413,7 +431,14 @@ class GoodputPolicy(PolicyBase):
         step for each row's probe (at batch 6 on the vLLM CPU profile a 1-draft step costs 1.7x
         one without), and the back-off, counted per row, would not bound what the batch pays."""
         due, lengths = [], []
+        # Where a host chooses again before it reports a step (vLLM), a row whose drafts are still
+        # unverified waits for their outcome: probing it again would read the wait as a failed probe.
+        in_flight = {request_id for step in list(self._unobserved)[:-1] for request_id, row in step.items() if row.limit}
         for request, state, catch_up in zip(requests, states, catch_ups):
+            if request.request_id in in_flight:
+                due.append(False)
+                lengths.append(0)
+                continue
             # After a fully accepted probe the next probe is due at once: probes chain until the
             # evidence they add makes drafting pay by itself.
             row_due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
@@ -431,7 +456,8 @@ class GoodputPolicy(PolicyBase):
         if any(due):
             length = max(k for k, row_due in zip(lengths, due) if row_due)
             for index, (request, catch_up) in enumerate(zip(requests, catch_ups)):
-                if not due[index] and index not in drafting and not catch_up and request.max_k >= 1:
+                if (not due[index] and index not in drafting and not catch_up and request.max_k >= 1
+                        and request.request_id not in in_flight):
                     due[index], lengths[index] = True, min(length, request.max_k)
         for state, row_due, k in zip(states, due, lengths):
             if row_due:

@@ -95,6 +95,11 @@ class StepRecord:
     # loop is taken to be batch_k positions after a usual catch-up).
     draft_positions: int = 0
     draft_catchup_tokens: int = 0
+    # `choose` calls the host made after the one whose drafts this step verified: 0 where a host
+    # verifies each choice before it chooses again (our engine, the simulator); 1 in vLLM, which
+    # chooses the next step's draft lengths before it reports what this step verified; -1: the
+    # verified drafts came from no `choose` call (nothing to match them with).
+    lag: int = 0
 
 
 @runtime_checkable
@@ -110,7 +115,7 @@ class PolicyBase:
     """Defaults for the optional parts of the protocol; our policies derive from it.
 
     Stopping inside the step: the k a policy chooses is each row's most. While the draft runs,
-    hosts that can (our engine, the simulator) call `keep_drafting(position, confidences)` at each
+    hosts that can (our engine, the simulator, the vLLM plug-in with a draft model) call `keep_drafting(position, confidences)` at each
     draft position with every drafting row's confidence there (the draft model's top probability,
     softmax of its raw logits), after the forward that produced it and before the next one. The
     answer per row: True keeps the draft and drafts on, KEEP_LAST keeps it and stops there (no

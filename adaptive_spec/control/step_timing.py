@@ -18,8 +18,9 @@ from .policy import RequestOutcome, StepRecord
 
 def whole_step_record(cost_model: CostModel | None, *, batch_size: int, batch_k: int,
                       context_lengths: Sequence[int], outcomes: Sequence[RequestOutcome],
-                      total_seconds: float) -> StepRecord:
-    """A `StepRecord` for a step measured as one wall time (0 = untimed: a cost model learns nothing)."""
+                      total_seconds: float, lag: int = 0) -> StepRecord:
+    """A `StepRecord` for a step measured as one wall time (0 = untimed: a cost model learns nothing);
+    `lag` as in `StepRecord`."""
     draft = verify = 0.0
     if total_seconds > 0 and cost_model is not None and context_lengths:
         context = max(context_lengths)
@@ -32,4 +33,4 @@ def whole_step_record(cost_model: CostModel | None, *, batch_size: int, batch_k:
         verify = total_seconds
     return StepRecord(batch_size=batch_size, batch_k=batch_k, context_lengths=tuple(context_lengths),
                       outcomes=tuple(outcomes), draft_seconds=draft, verify_seconds=verify,
-                      total_seconds=total_seconds)
+                      total_seconds=total_seconds, lag=lag)
