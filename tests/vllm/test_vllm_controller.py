@@ -7,10 +7,11 @@ import warnings
 import pytest
 
 from adaptive_spec.control.cost_model import CostModel
-from adaptive_spec.control.policy import StaticPolicy
+from adaptive_spec.control.policy import KEEP_LAST, StaticPolicy
 from adaptive_spec.control.step_timing import whole_step_record
-from adaptive_spec.integrations.vllm.controller import (MIN_TIMED_CATCH_UP, POLICY_ENV, PROFILE_ENV, ControllerSettings,
-                                                         RunningRequest, SpecController, VerifiedRequest)
+from adaptive_spec.integrations.vllm.controller import (MAX_UNASKED_STEPS, MIN_TIMED_CATCH_UP, POLICY_ENV, PROFILE_ENV,
+                                                         ControllerSettings, RunningRequest, SpecController,
+                                                         VerifiedRequest)
 from adaptive_spec.profiling.profile_file import ProfileError
 
 
@@ -226,3 +227,84 @@ def test_the_policy_sees_how_far_each_lazy_draft_is_behind():
     controller = SpecController(Looking(2))
     controller.choose([RunningRequest("a", 300, 50, 2, draft_behind=280), RunningRequest("b", 40, 50, 2)])
     assert seen == [280, 0]
+
+
+class EndsAt(RecordingPolicy):
+    """k = 3 for every request; inside the step request i's drafts end after ends[i] (0: the first is dropped)."""
+
+    def __init__(self, ends):
+        super().__init__(3)
+        self.ends = ends
+        self.host_stops_drafts = False
+
+    def keep_drafting(self, position, confidences):
+        return [False if c is None or end == 0 else True if position + 1 < end else KEEP_LAST
+                for c, end in zip(confidences, self.ends)]
+
+
+def test_the_in_step_rule_ends_each_requests_drafts_where_the_policy_says():
+    """Three requests given k = 3: the policy drops r0's first draft, keeps one of r1's, all of r2's.
+    The drafter is shown only the rows still drafting, and keeps what the answers say."""
+    policy = EndsAt([0, 1, 3])
+    controller = SpecController(policy)
+    assert controller.enable_stopping() and policy.host_stops_drafts
+    assert controller.choose(running(3, 3, 3)) == {"r0": 3, "r1": 3, "r2": 3}
+    assert controller.keep_drafting(0, {"r0": 0.5, "r1": 0.9, "r2": 0.9}) == {"r0": 0, "r1": KEEP_LAST, "r2": 1}
+    assert controller.keep_drafting(1, {"r0": 0.5, "r1": 0.9, "r2": 0.9}) == {"r2": 1}  # r0, r1 ended
+    assert controller.keep_drafting(2, {"r2": 0.9}) == {"r2": KEEP_LAST}
+    assert [controller.draft_length(r) for r in ("r0", "r1", "r2")] == [0, 1, 3]
+    assert controller.stats.stopped_early == 2
+    # negative control: a policy without a rule keeps every draft it chose
+    plain = SpecController(RecordingPolicy(3))
+    assert not plain.enable_stopping()
+    plain.choose(running(3, 3, 3))
+    assert plain.keep_drafting(0, {"r0": 0.5}) == {"r0": 1} and plain.draft_length("r0") == 3
+
+
+def test_a_stop_rule_that_raises_ends_every_draft_and_warns():
+    class Raising(EndsAt):
+        def keep_drafting(self, position, confidences):
+            raise ValueError("boom")
+
+    controller = SpecController(Raising([3, 3]))
+    controller.enable_stopping()
+    controller.choose(running(3, 3))
+    with pytest.warns(RuntimeWarning, match="keep_drafting"):
+        assert controller.keep_drafting(0, {"r0": 0.9, "r1": 0.9}) == {"r0": 0, "r1": 0}
+    assert controller.draft_length("r0") == controller.draft_length("r1") == 0
+
+
+def test_records_tell_the_policy_which_choice_their_drafts_came_from():
+    """vLLM reports step N's outcomes (the drafts chosen at N - 1) after choosing N's drafts: lag 1.
+    The first step verifies drafts no choice made (-1); a step after one whose batch had no
+    decoding request (no choice asked) verifies the last choice made: lag 0."""
+    policy = RecordingPolicy(2)
+    controller = SpecController(policy)
+    lags = []
+    for batch in ([2, 2], [2, 2], [], [2, 2]):
+        controller.choose(running(*batch))
+        controller.start_step()
+        controller.finish_step([VerifiedRequest("r0", 0, 0, 1, 100)])
+        lags.append(policy.records[-1].lag)
+    assert lags == [-1, 1, 0, -1]
+
+
+def test_a_drafter_that_never_asks_the_rule_is_no_longer_counted_on():
+    """If drafting steps pass without the drafter asking the stop rule (it cannot stop), the policy
+    is told after MAX_UNASKED_STEPS of them, so it stops asking for drafts it expects the rule to end."""
+    policy = EndsAt([3])
+    controller = SpecController(policy)
+    controller.enable_stopping()
+    with pytest.warns(RuntimeWarning, match="never asked"):
+        for _ in range(MAX_UNASKED_STEPS):
+            controller.choose(running(3))
+            controller.finish_step([VerifiedRequest("r0", 0, 0, 1, 100)])
+    assert not policy.host_stops_drafts and not controller.stops_drafts
+    # control: a drafter that asks keeps the rule
+    asked = SpecController(EndsAt([3]))
+    asked.enable_stopping()
+    for _ in range(MAX_UNASKED_STEPS + 1):
+        asked.choose(running(3))
+        asked.keep_drafting(0, {"r0": 0.9})
+        asked.finish_step([VerifiedRequest("r0", 0, 0, 1, 100)])
+    assert asked.stops_drafts

@@ -18,6 +18,7 @@ require_vllm()
 
 from vllm import SamplingParams  # noqa: E402
 
+from adaptive_spec.control.policy import KEEP_LAST, PolicyBase  # noqa: E402
 from adaptive_spec.integrations.vllm import lazy_draft  # noqa: E402
 from adaptive_spec.integrations.vllm.controller import SpecController  # noqa: E402
 from adaptive_spec.integrations.vllm.engine import EngineSpec  # noqa: E402
@@ -268,3 +269,62 @@ def test_with_the_temperature_of_verified_positions_doubled_the_sampled_law_test
     monkeypatch.setattr(rejection_sampler, "expand_batch_to_tokens", doubled_temperature)
     assert p_value(plain_window(engines), sampled_window(engines, TakingTurns())) <= ALPHA, \
         "the test cannot tell a wrong sampler from a right one"
+
+
+class EndsAt(PolicyBase):
+    """k = 3 for every request; inside the step, the request in row i of the batch keeps ends[i]
+    drafts (KEEP_LAST there; 0: its first is dropped). Records the positions it was asked about."""
+
+    name = "ends-at"
+
+    def __init__(self, ends):
+        self.ends, self.records, self.asked = ends, [], []
+
+    def choose(self, views):
+        self.asked.append([])
+        return [3] * len(views)
+
+    def keep_drafting(self, position, confidences):
+        self.asked[-1].append((position, [c for c in confidences if c is not None]))
+        return [False if c is None or end == 0 else True if position + 1 < end else KEEP_LAST
+                for c, end in zip(confidences, self.ends)]
+
+    def observe(self, record):
+        self.records.append(record)
+
+
+def run_ends_at(engines, ends):
+    policy = EndsAt(ends)
+    tokens, acceptance, *_ = run(engines, policy)
+    verified = Counter(outcome.k for record in policy.records for outcome in record.outcomes)
+    positions = [len(step) for step in policy.asked if step]
+    return tokens, acceptance, verified, positions, policy
+
+
+def test_the_draft_loop_ends_where_the_policy_stops_every_row(engines, reference):
+    """Every row told to keep one draft and stop at position 0: the loop runs no further draft
+    forward (the rule is asked about position 0 only), each request verifies one draft, outputs
+    equal vLLM's without speculation, and the drafts kept are the draft's own (acceptance of a
+    self-draft stays high). Rows told to stop at 0, 1 and 3 drafts verify exactly those, and the
+    loop runs its three positions for the row that drafts on."""
+    tokens, acceptance, verified, positions, policy = run_ends_at(engines, (1, 1, 1))
+    assert tokens == reference
+    assert positions and set(positions) == {1}, positions
+    assert set(verified) == {0, 1} and verified[1] > 0, verified
+    assert acceptance >= 0.9
+    assert all(0 < c <= 1 for step in policy.asked for _, shown in step for c in shown)
+    tokens, _, verified, positions, _ = run_ends_at(engines, (0, 1, 3))
+    assert tokens == reference
+    assert max(positions) == 3
+    assert {1, 3} <= set(verified) <= {0, 1, 2, 3}, verified  # 2: the request's budget cut its 3
+
+
+def test_with_stopping_switched_off_every_row_drafts_its_k(engines, reference, monkeypatch):
+    """Negative control: the same policy with ADAPTIVE_SPEC_VLLM_STOP_DRAFTS=0 is never asked, and
+    every request verifies the 3 drafts it was given."""
+    from adaptive_spec.integrations.vllm.scheduler import STOP_ENV
+
+    monkeypatch.setenv(STOP_ENV, "0")
+    tokens, _, verified, positions, _ = run_ends_at(engines, (1, 1, 1))
+    assert tokens == reference
+    assert positions == [] and verified[3] > 0, (positions, verified)

@@ -11,7 +11,12 @@ Timeline of one vLLM step N (engine core, synchronous scheduling):
   update_from_output()    -> the controller records what step N verified (`finish_step`);
   update_draft_token_ids  -> each request's new drafts are cut to its chosen k (`draft_length`).
 So a choice made at step N sees every outcome up to step N-1 (the drafts of step N-1 are being
-verified while it is made): one step of lag, the price of drafting inside the forward pass.
+verified while it is made): one step of lag, the price of drafting inside the forward pass. The
+policy is told (`StepRecord.lag`), so it pairs each outcome with the choice that drafted it.
+
+Stopping inside the step (`enable_stopping`): with a draft model the drafter asks `keep_drafting`
+after each draft position of step N (inside execute_model, before update_from_output), with each
+row's confidence; the policy's answers end rows early, and `draft_length` then gives what each row kept.
 
 Timing: vLLM reports no split of a step, so the controller measures whole steps (schedule to
 update_from_output) and hands them to the policy through `control.step_timing.whole_step_record`,
@@ -31,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ...control.cost_model import CostModel
-from ...control.policy import (AcceptanceHistory, Policy, PolicyError, RequestOutcome, RequestView, StepRecord,
-                               choose_ks)
+from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
+                               StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
 from ...control.registry import make_policy
 from ...control.step_timing import whole_step_record
 
@@ -41,6 +46,9 @@ PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
 DEFAULT_POLICY = "goodput"
 # Catch-ups shorter than this many tokens are not timed: their extra time is within a step's noise.
 MIN_TIMED_CATCH_UP = 64
+# Drafting steps in a row whose drafter never asked the stop rule before the controller stops
+# counting on it (a drafter that cannot stop: probabilistic draft sampling, M-RoPE positions, ...).
+MAX_UNASKED_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,7 @@ class ControllerStats:
     ragged_steps: int = 0  # steps whose verified drafts differed between requests
     zero_k_choices: int = 0  # request-steps the policy gave k = 0 while the request could draft
     policy_failures: int = 0
+    stopped_early: int = 0  # request-steps whose drafts the in-step rule ended before their k
     k_histogram: Counter = field(default_factory=Counter)  # chosen k per request-step
     verified_histogram: Counter = field(default_factory=Counter)  # drafts verified per request-step
     drafted: int = 0
@@ -147,6 +156,16 @@ class SpecController:
         self._chosen: dict[str, int] = {}
         self._step_started: float | None = None
         self._warned = False
+        # Which policy.choose call chose the drafts a step verifies (the previous step's): the lag.
+        self._calls = 0
+        self._this_call: int | None = None
+        self._verified_call: int | None = None
+        # Stopping inside the step (None: the drafter drafts each row's k)
+        self._stop_rule = None
+        self._kept: dict[str, int] | None = None  # per request, drafts kept this step once the rule was asked
+        self._live: set[str] = set()
+        self._positions = 0  # draft positions the rule was asked about this step
+        self._unasked_steps = 0
 
     # --- before a step -------------------------------------------------------------------------
     def start_step(self) -> None:
@@ -157,19 +176,66 @@ class SpecController:
         views = [RequestView(self._key(r.request_id), r.context_length, max(r.remaining_tokens, 0), max(r.cap, 0),
                              self._histories.setdefault(r.request_id, AcceptanceHistory()), max(r.draft_behind, 0))
                  for r in requests]
+        self._verified_call, self._this_call = self._this_call, None
+        if views:  # choose_ks asks the policy only for a non-empty batch
+            self._calls += 1
+            self._this_call = self._calls
         try:
             ks = choose_ks(self.policy, views)
         except PolicyError as error:
             self._fail(error)
             ks = [0] * len(views)
         self._chosen = {request.request_id: k for request, k in zip(requests, ks)}
+        self._kept, self._live, self._positions = None, {r for r, k in self._chosen.items() if k > 0}, 0
         self.stats.k_histogram.update(ks)
         self.stats.zero_k_choices += sum(1 for view, k in zip(views, ks) if k == 0 and view.max_k > 0)
         return dict(self._chosen)
 
     def draft_length(self, request_id: str) -> int:
         """How many of a request's new drafts to keep (0 for a request the controller was not asked about)."""
+        if self._kept is not None:
+            return self._kept.get(request_id, 0)
         return self._chosen.get(request_id, 0)
+
+    # --- inside the draft loop -----------------------------------------------------------------
+    def enable_stopping(self) -> bool:
+        """For a drafter that will call `keep_drafting` at each draft position: tell the policy (it may
+        then ask for more drafts than it expects to keep) and return whether it has a rule to ask."""
+        self._stop_rule = adopt_stop_rule(self.policy)
+        return self._stop_rule is not None
+
+    @property
+    def stops_drafts(self) -> bool:
+        return self._stop_rule is not None
+
+    def keep_drafting(self, position: int, confidences: dict[str, float]) -> dict[str, int]:
+        """The policy's answer per drafting request at draft `position`: 1 draft on, 2 keep this draft and
+        stop (KEEP_LAST), 0 drop it and stop. `confidences` maps request id to the draft's confidence
+        there. A policy that fails ends every row's drafts (that step runs without speculation)."""
+        if self._stop_rule is None:
+            return dict.fromkeys(confidences, 1)
+        if self._kept is None:
+            self._kept = dict.fromkeys(self._chosen, 0)
+        self._positions = max(self._positions, position + 1)
+        order = list(self._chosen)
+        shown = [confidences.get(r) if r in self._live and position < self._chosen[r] else None for r in order]
+        try:
+            answers = ask_stop_rule(self._stop_rule, position, shown)
+        except PolicyError as error:
+            self._fail(error)
+            self._kept, self._live = dict.fromkeys(self._chosen, 0), set()
+            return dict.fromkeys(confidences, 0)
+        out = {}
+        for request_id, confidence, answer in zip(order, shown, answers):
+            if confidence is None:
+                self._live.discard(request_id)
+                continue
+            self._kept[request_id] += answer > 0
+            if answer != 1:
+                self._live.discard(request_id)
+                self.stats.stopped_early += self._kept[request_id] < self._chosen[request_id]
+            out[request_id] = answer
+        return out
 
     # --- after a step --------------------------------------------------------------------------
     def finish_step(self, verified: Sequence[VerifiedRequest], timed: bool = True, observe: bool = True,
@@ -180,6 +246,7 @@ class SpecController:
         Such a step's time is not a step cost: what it took beyond one goes to the cost model as
         catch-up time, when the catch-up was long enough to stand out of a step's noise."""
         started, self._step_started = self._step_started, None
+        self._check_stops_were_asked()
         if not verified:
             return None
         total = self.clock() - started if (timed and started is not None) else 0.0
@@ -195,9 +262,11 @@ class SpecController:
             history.record(request.drafted, request.accepted)
             outcomes.append(RequestOutcome(self._key(request.request_id), request.drafted, request.accepted,
                                            request.emitted))
+        lag = self._calls - self._verified_call if self._verified_call is not None else -1
         record = whole_step_record(
             self.cost_model, batch_size=len(verified), batch_k=max(r.drafted for r in verified),
-            context_lengths=tuple(r.context_length for r in verified), outcomes=tuple(outcomes), total_seconds=total)
+            context_lengths=tuple(r.context_length for r in verified), outcomes=tuple(outcomes), total_seconds=total,
+            lag=lag)
         self.stats.steps += 1
         self.stats.ragged_steps += len({r.drafted for r in verified}) > 1
         self.stats.verified_histogram.update(r.drafted for r in verified)
@@ -216,14 +285,29 @@ class SpecController:
         cell (batch, K) times. vLLM's cost follows the tokens a step runs, not its longest draft, so a
         ragged step (one row probing at k = 4 beside seven at 0) costs far less than the cell of its
         longest draft; timed into that cell it would make K = 4 look cheap for the whole batch."""
-        counts = {r.drafted for r in verified} | {self._chosen.get(r.request_id, 0) for r in verified}
-        return len(counts) == 1
+        counts = {r.drafted for r in verified} | {self.draft_length(r.request_id) for r in verified}
+        # a draft dropped inside the step still cost its forward: no cell holds that step either
+        return len(counts) == 1 and (self._kept is None or self._positions <= min(counts))
+
+    def _check_stops_were_asked(self) -> None:
+        """A step that drafted without the drafter asking the rule means the drafter cannot stop; after
+        a few, tell the policy so (it then chooses each K as a host that drafts exactly k)."""
+        if self._stop_rule is None or (not self._live and self._kept is None):
+            return
+        self._unasked_steps = 0 if self._kept is not None else self._unasked_steps + 1
+        if self._unasked_steps >= MAX_UNASKED_STEPS:
+            self._stop_rule = None
+            if isinstance(self.policy, PolicyBase):
+                self.policy.host_stops_drafts = False
+            warnings.warn("the drafter never asked the policy's in-step rule; drafts now run their full k",
+                          RuntimeWarning, stacklevel=3)
 
     def _step_without_catch_up(self, verified: Sequence[VerifiedRequest]) -> float:
         """The predicted step: it verified the previous step's drafts and drafted this step's K, and a
         profiled whole step does both at one K, so the mean of the two whole steps stands in."""
         batch, context = len(verified), max(r.context_length for r in verified)
-        verified_k, drafted_k = max(r.drafted for r in verified), max(self._chosen.values(), default=0)
+        verified_k = max(r.drafted for r in verified)
+        drafted_k = max((self.draft_length(r) for r in self._chosen), default=0)
         return (self.cost_model.step_seconds(batch, context, verified_k)
                 + self.cost_model.step_seconds(batch, context, drafted_k)) / 2
 

@@ -12,6 +12,16 @@ step that drafts, the draft's prefill of that prompt. Drafts are only proposals,
 is proposed at worst, never what is emitted: vLLM's rejection sampler verifies every draft against
 the target.
 
+Stopping inside the draft loop: where the scheduler puts a stop rule on the step's output
+(`STOP_RULE`, the policy's `keep_drafting` keyed by request id), each draft position's tokens are
+taken as vLLM takes them (the argmax of the draft's logits) together with each row's confidence
+(the top probability of those raw logits), and the rule answers per row: draft on, keep this
+draft and stop, or drop it and stop. Once no row drafts on, the loop ends there (vLLM's loop is left
+by an exception caught in `propose`, so the draft forwards after it never run) and the scheduler
+cuts each row's drafts to what it kept. Only for greedy drafting (vLLM's default
+`draft_sample_method`) with the target's vocabulary and one draft per forward; elsewhere every
+row drafts its full length.
+
 Installed by `install()`, which `patches.install` calls in every vLLM process. It acts only in engines whose
 scheduler is this project's (`--scheduler-cls adaptive_spec...`) and where `ADAPTIVE_SPEC_VLLM_LAZY_DRAFT`
 is not `0`; every other engine runs vLLM's own method unchanged. Version-fenced like `scheduler.py`;
@@ -27,6 +37,9 @@ DRAFT_ROWS = "adaptive_spec_draft_rows"  # on a SchedulerOutput: ids of the requ
 _RUNNER = "_adaptive_spec_runner"
 _TRACKER = "_adaptive_spec_draft_cache"
 _WANTED = "_adaptive_spec_draft_rows"  # on the proposer: the step's DRAFT_ROWS, None = every row
+STOP_RULE = "adaptive_spec_stop_rule"  # on a SchedulerOutput: (position, {id: confidence}) -> {id: answer}
+_RULE = "_adaptive_spec_stop_rule"  # on the proposer: the step's STOP_RULE
+_STOPPER = "_adaptive_spec_stopper"  # on the proposer while a propose call can stop
 # Attention metadata fields this module cannot cut to a subset of rows: where one is set, every row drafts.
 _UNCUT_FIELDS = ("logits_indices_padded", "encoder_seq_lens", "dcp_local_seq_lens", "mm_req_doc_ranges",
                  "rswa_prefix_lens", "replayssm_decode_base_cpu")
@@ -52,12 +65,20 @@ def install() -> bool:
     if getattr(DraftModelProposer, "_adaptive_spec_patched", False):
         return True
     original_init, original_propose = DraftModelProposer.__init__, DraftModelProposer.propose
+    original_sample = DraftModelProposer._sample_draft_tokens
     original_step_propose = GPUModelRunner.propose_draft_token_ids
 
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
-        # The proposer is not given the scheduler's output: hand it the rows to draft for.
+        # The proposer is not given the scheduler's output: hand it the rows to draft for, and the stop rule.
         setattr(self.drafter, _WANTED, getattr(scheduler_output, DRAFT_ROWS, None))
+        setattr(self.drafter, _RULE, getattr(scheduler_output, STOP_RULE, None))
         return original_step_propose(self, scheduler_output, *args, **kwargs)
+
+    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+        stopper = getattr(self, _STOPPER, None)
+        if stopper is None:
+            return original_sample(self, hidden_states, sampling_metadata)
+        return stopper.sample(self, hidden_states), None
 
     def __init__(self, *args, runner=None, **kwargs):
         original_init(self, *args, runner=runner, **kwargs)
@@ -72,6 +93,7 @@ def install() -> bool:
         return _lazy_propose(self, runner, original_propose, num_speculative_tokens, kwargs)
 
     DraftModelProposer.__init__, DraftModelProposer.propose = __init__, propose
+    DraftModelProposer._sample_draft_tokens = _sample_draft_tokens
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids  # the CPU runner inherits it
     DraftModelProposer._adaptive_spec_patched = True
     return True
@@ -110,15 +132,72 @@ def _lazy_propose(proposer, runner, original_propose, num_speculative_tokens: in
         catch_up(proposer, runner, metadata, [(index, first, rows[index].start) for index, first in behind])
         for index, first in behind:
             tracker.caught_up(rows[index], first)
-    if len(drafting) == len(rows):
-        drafts = original_propose(proposer, num_speculative_tokens, **kwargs)
+    step_kwargs = kwargs if len(drafting) == len(rows) else sub_kwargs
+    rule = getattr(proposer, _RULE, None)
+    if rule is not None and _can_stop(proposer, step_kwargs["sampling_metadata"]):
+        drafts = _propose_with_stops(proposer, original_propose, num_speculative_tokens, step_kwargs,
+                                     _Stopper(rule, [rows[index].request_id for index in drafting], num_speculative_tokens))
     else:
-        drafts = _scatter_rows(proposer, original_propose(proposer, num_speculative_tokens, **sub_kwargs),
-                               drafting, len(rows))
+        drafts = original_propose(proposer, num_speculative_tokens, **step_kwargs)
+    if len(drafting) < len(rows):
+        drafts = _scatter_rows(proposer, drafts, drafting, len(rows))
         chosen = set(drafting)
         tracker.skipped([row for index, row in enumerate(rows) if index not in chosen], whole_step=False)
     tracker.drafted([rows[index] for index in drafting])
     return drafts
+
+
+class _DraftsDone(Exception):
+    """No row drafts on: leaves vLLM's draft loop before its next forward."""
+
+
+class _Stopper:
+    """One propose call's draft positions, shown to the stop rule as they come."""
+
+    def __init__(self, rule, request_ids: list[str], length: int):
+        self.rule, self.request_ids, self.length = rule, request_ids, length
+        self.live = [True] * len(request_ids)
+        self.tokens: list = []  # per position: the batch's draft tokens
+
+    def sample(self, proposer, hidden_states):
+        """vLLM's greedy draft tokens at the next position, after asking the rule about them."""
+        import torch
+
+        logits = proposer.model.compute_logits(hidden_states)
+        tokens = logits.argmax(dim=-1)
+        confidences = torch.softmax(logits.float(), dim=-1).amax(dim=-1).tolist()
+        position = len(self.tokens)
+        self.tokens.append(tokens)
+        shown = {request_id: confidence for request_id, confidence, live
+                 in zip(self.request_ids, confidences, self.live) if live}
+        try:
+            answers = self.rule(position, shown)
+        except Exception:  # an optimisation must not take vLLM's engine down: stop here, drafts so far stand
+            answers = {}
+        self.live = [live and answers.get(request_id) == 1 for request_id, live in zip(self.request_ids, self.live)]
+        if not any(self.live) and position + 1 < self.length:
+            raise _DraftsDone
+        return tokens
+
+
+def _can_stop(proposer, sampling_metadata) -> bool:
+    """Whether this proposer's draft tokens are the argmax of the draft's own logits, one position a forward."""
+    greedy = not getattr(proposer, "_enable_probabilistic_draft_probs", False) or sampling_metadata.all_greedy
+    return (greedy and not getattr(proposer, "parallel_drafting", False)
+            and not getattr(proposer, "use_heterogeneous_vocab", False)
+            and not getattr(proposer, "use_local_argmax_reduction", False))
+
+
+def _propose_with_stops(proposer, original_propose, num_speculative_tokens: int, kwargs: dict, stopper: _Stopper):
+    import torch
+
+    setattr(proposer, _STOPPER, stopper)
+    try:
+        return original_propose(proposer, num_speculative_tokens, **kwargs)
+    except _DraftsDone:
+        return torch.stack(stopper.tokens, dim=1)
+    finally:
+        setattr(proposer, _STOPPER, None)
 
 
 def _rows_subset(kwargs: dict, keep: list[int]) -> dict | None:

@@ -19,10 +19,14 @@ On CPU, sampled requests get no drafts unless vLLM's sampler is fixed (`sampled_
 With a draft model, the draft runs only for the rows given k > 0 (`lazy_draft.py`, worker side; the
 scheduler names them on the step's output), so a step at K = 0 skips it altogether; the scheduler
 counts per request the tokens the draft has missed, shows them to the policy and reports the step
-that catches the draft up, whose time is not a decode step's.
+that catches the draft up, whose time is not a decode step's. There the policy's in-step rule also
+runs inside the draft loop (`STOP_RULE` on the step's output, unless `ADAPTIVE_SPEC_VLLM_STOP_DRAFTS=0`):
+after each draft position it may end a row's drafts, and the drafter ends the loop once no row drafts on.
 """
 
 from __future__ import annotations
+
+import os
 
 import vllm
 
@@ -36,8 +40,10 @@ from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  
 
 from . import cpu_sampling  # noqa: E402
 from .controller import ControllerSettings, RunningRequest, SpecController, VerifiedRequest  # noqa: E402
-from .lazy_draft import DRAFT_ROWS  # noqa: E402
+from .lazy_draft import DRAFT_ROWS, STOP_RULE  # noqa: E402
 from .lazy_draft import enabled_for as lazy_draft_enabled_for  # noqa: E402
+
+STOP_ENV = "ADAPTIVE_SPEC_VLLM_STOP_DRAFTS"  # 0: every row drafts its full k (no in-step rule)
 
 
 def sampled_speculation_is_exact() -> bool:
@@ -72,12 +78,19 @@ class AdaptiveScheduler(Scheduler):
         # (`RunningRequest.draft_behind`) and the controller times apart from the step's own.
         spec = self.vllm_config.speculative_config
         self.lazy_draft = bool(spec is not None and spec.uses_draft_model() and lazy_draft_enabled_for(type(self)))
+        self._enable_stopping()
         self._draft_seen: dict[str, int] = {}  # per request: context tokens its draft has run over
         self._catch_up_tokens = 0  # what this step's draft runs over beyond its rows' own tokens
 
     # --- switching between our controller and vLLM's own schedules (benchmarks) ------------------
     def use_controller(self, controller: SpecController) -> None:
         self.controller, self.vllm_lookup = controller, None
+        self._enable_stopping()
+
+    def _enable_stopping(self) -> None:
+        """The lazy draft asks the policy's in-step rule (greedy drafts from a draft model only)."""
+        if self.lazy_draft and os.environ.get(STOP_ENV, "1") != "0":
+            self.controller.enable_stopping()
 
     def use_vllm_schedule(self, per_batch_size: list[tuple[int, int, int]]) -> None:
         """Let vLLM's own dynamic mode choose (a `num_speculative_tokens_per_batch_size` table)."""
@@ -108,6 +121,8 @@ class AdaptiveScheduler(Scheduler):
                 # ours drafts for the rows given k > 0 alone: the others skip the draft, prompt included
                 drafting = [req_id for req_id, k in ks.items() if k > 0]
                 setattr(output, DRAFT_ROWS, frozenset(drafting))
+                if self.controller.stops_drafts:
+                    setattr(output, STOP_RULE, self.controller.keep_drafting)
             # The draft runs over each drafting row's missed tokens, then over this step's own.
             for req_id in drafting:
                 self._catch_up_tokens += self._draft_behind(self.requests[req_id], output)
