@@ -232,18 +232,18 @@ class _Scripted(PolicyBase):
         return [c is not None for c in confidences]
 
 
-def test_the_vllm_host_catches_up_a_lazy_draft_stops_nothing_inside_the_step_and_prices_ragged_steps():
+def test_the_vllm_host_catches_up_a_lazy_draft_and_prices_ragged_steps():
     """host="vllm" imitates the plug-in: a row's draft misses the tokens of its steps at k = 0 (the
     prompt and the first token, for a row that never drafted) and catches up before it drafts, at
-    the profile's catch-up cost; the policy's in-step rule is never asked; a ragged step costs
-    less than its (batch, K) cell by the profile's `ragged` share. Negative control: host="hf"
-    reports nobody behind and asks the in-step rule."""
+    the profile's catch-up cost; the policy's in-step rule is asked, as the plug-in's drafter asks
+    it; a ragged step costs less than its (batch, K) cell by the profile's `ragged` share. Negative
+    control: host="hf" reports nobody behind."""
     profile = json.loads(json.dumps(PROFILE))
     profile["draft_catch_up"] = {"seconds_per_token": 0.01}
     trace = synthetic(2, 12, alpha=1.0).requests()  # prompts of 50 and 57 tokens
     policy = _Scripted()
     report = simulate(trace, profile, policy, batch_size=2, host="vllm")
-    assert report["host"] == "vllm" and policy.stops == 0
+    assert report["host"] == "vllm" and policy.stops > 0
     # Nobody has drafted yet: each misses its prompt and the tokens emitted so far, one a step.
     assert policy.behind[0] == [51, 58] and policy.behind[1] == [52, 59]
     assert policy.behind[2] == [0, 60]  # row 0 drafted in the second step and caught up there
@@ -260,6 +260,38 @@ def test_the_vllm_host_catches_up_a_lazy_draft_stops_nothing_inside_the_step_and
     assert uniform[0] == pytest.approx(uniform[1])  # a step where every row drafts costs its cell
     with pytest.raises(ValueError, match="host"):
         simulate(trace, profile, "off", host="sglang")
+
+
+class _DropsAll(PolicyBase):
+    """k = 2 for every row; inside the step each first draft is dropped after its forward ran."""
+
+    name = "drops-all"
+
+    def choose(self, requests):
+        return [2] * len(requests)
+
+    def keep_drafting(self, position, confidences):
+        return [False] * len(confidences)
+
+
+def test_the_vllm_host_charges_a_whole_step_profile_for_the_forwards_of_dropped_drafts():
+    """A vLLM profile times whole steps, so it holds no draft forward apart: a step that ran one
+    draft forward and dropped its draft is charged the increment of one more draft (step at K = 1
+    minus step at K = 0). Control: our engine's loop on the same profile charges the dropped forward
+    from the draft side of the profile alone (here only its draft-side overhead), less."""
+    profile = json.loads(json.dumps(PROFILE))
+    profile["draft"] = []
+    trace = synthetic(1, 12, alpha=1.0).requests()
+    off = simulate(trace, profile, "off", host="vllm")
+    dropped = simulate(trace, profile, _DropsAll(), host="vllm")
+    assert dropped["drafted"] == 0 and dropped["generated_tokens"] == off["generated_tokens"]
+    model = cost_model_from(profile)
+    context = trace[0].prompt_length + 1
+    increment = model.step_seconds(1, context, 1) - model.step_seconds(1, context, 0)
+    drafting_steps = off["steps"] - 1  # the last step has one token left: max_k = 0, no draft forward
+    assert dropped["simulated_seconds"] - off["simulated_seconds"] == pytest.approx(drafting_steps * increment, rel=0.02)
+    hf = simulate(trace, profile, _DropsAll(), host="hf")
+    assert 0 < hf["simulated_seconds"] - off["simulated_seconds"] < 0.8 * off["steps"] * increment
 
 
 # ----------------------------------------------------------------------------- determinism, speed

@@ -62,8 +62,9 @@ def add_trace_commands(subparsers) -> None:
     sim.add_argument("--max-k", type=int, default=16, help="cap on any k, as the engine's max_k")
     sim.add_argument("--host", choices=("auto", "hf", "vllm"), default="auto",
                      help="whose step loop to imitate: hf (this project's engine: stops drafts inside the step, the "
-                          "draft keeps up at k = 0) or vllm (the plug-in: no stopping inside the step, a lazy draft that "
-                          "catches up on what it missed at the profile's catch-up cost); auto = the profile's engine")
+                          "draft keeps up at k = 0) or vllm (the plug-in: a lazy draft that catches up on what it missed "
+                          "at the profile's catch-up cost, ragged steps at the profile's shares, dropped drafts' "
+                          "forwards charged as kept ones); auto = the profile's engine")
     sim.add_argument("--prefill-seconds-per-token", type=float, default=0.0,
                      help="charge this per prompt token at admission (0: decode-only tokens/s; profiles do not "
                           "measure prefill; ~0.02 fits qwen-coder fp32 on a 2-core CPU)")

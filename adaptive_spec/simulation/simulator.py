@@ -26,7 +26,9 @@ Loop (mirrors `SpecEngine.step`):
      records (k_i, accepted);
   5. the policy observes the StepRecord; finished requests leave.
 
-`host="vllm"` imitates the vLLM plug-in instead (`integrations/vllm`): no stopping inside the step;
+`host="vllm"` imitates the vLLM plug-in instead (`integrations/vllm`), which stops drafts inside the
+step like our engine (a vLLM profile times whole steps, so a draft forward whose draft was dropped is
+charged as the whole step increment of one more draft: an overcharge by the verify's share of it);
 a lazy draft that skips rows at k = 0 and, before a row's next step that drafts, catches up over
 every token it missed (the prompt, for a row that never drafted), at the profile's
 `catch_up_seconds`, reported per row as `RequestView.draft_behind`; a ragged step (rows drafting
@@ -216,8 +218,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
     latencies = []
     prefill_seconds = catch_up_seconds = 0.0
     observe = policy.observe
-    # vLLM's host cannot stop a draft inside the step; ours can (None for rule-free policies and the ceilings).
-    stop_rule = None if lazy_draft else adopt_stop_rule(policy)
+    stop_rule = adopt_stop_rule(policy)  # None for rule-free policies and the ceilings
     while running or pending:
         # 1. admit
         while pending and len(running) < batch_size and (rate is None or pending[0].arrival <= now):
@@ -254,6 +255,9 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         ragged = lazy_draft and len(set(ks)) > 1
         if ragged:  # vLLM: the step follows its drafted tokens (a profile's `ragged` shares)
             total_s = clock.cm.ragged_step_seconds(b, max(contexts), ks)
+        if lazy_draft and positions > batch_k and not clock.cm.has_draft:  # forwards of dropped drafts
+            kept = total_s if ragged else clock.step(b, max(contexts), batch_k)[2]
+            total_s = kept + clock.step(b, max(contexts), positions)[2] - clock.step(b, max(contexts), batch_k)[2]
         behind = sum(v.draft_behind for v, k in zip(views, ks) if k)  # a lazy draft catches up first
         catch_up = clock.cm.catch_up_seconds(behind) if behind else 0.0
         catch_up_seconds += catch_up
