@@ -221,7 +221,7 @@ class _Scripted(PolicyBase):
     name = "scripted"
 
     def __init__(self):
-        self.behind, self.stops = [], 0
+        self.behind, self.stops, self.stop_batches = [], 0, set()
 
     def choose(self, requests):
         self.behind.append([r.draft_behind for r in requests])
@@ -229,28 +229,29 @@ class _Scripted(PolicyBase):
 
     def keep_drafting(self, position, confidences):
         self.stops += 1
+        self.stop_batches.add(len(confidences))
         return [c is not None for c in confidences]
 
 
 def test_the_vllm_host_catches_up_a_lazy_draft_and_prices_ragged_steps():
     """host="vllm" imitates the plug-in: a row's draft misses the tokens of its steps at k = 0 (the
     prompt and the first token, for a row that never drafted) and catches up before it drafts, at
-    the profile's catch-up cost; the policy's in-step rule is asked, as the plug-in's drafter asks
-    it; a ragged step costs less than its (batch, K) cell by the profile's `ragged` share. Negative
+    the profile's catch-up cost; the in-step rule is asked only once one request is left (the
+    plug-in asks it only in steps of one request by default); a ragged step costs less than its (batch, K) cell by the profile's `ragged` share. Negative
     control: host="hf" reports nobody behind."""
     profile = json.loads(json.dumps(PROFILE))
     profile["draft_catch_up"] = {"seconds_per_token": 0.01}
     trace = synthetic(2, 12, alpha=1.0).requests()  # prompts of 50 and 57 tokens
     policy = _Scripted()
     report = simulate(trace, profile, policy, batch_size=2, host="vllm")
-    assert report["host"] == "vllm" and policy.stops > 0
+    assert report["host"] == "vllm" and policy.stop_batches <= {1}
     # Nobody has drafted yet: each misses its prompt and the tokens emitted so far, one a step.
     assert policy.behind[0] == [51, 58] and policy.behind[1] == [52, 59]
     assert policy.behind[2] == [0, 60]  # row 0 drafted in the second step and caught up there
     assert report["catch_up_seconds"] == pytest.approx(0.01 * 52)
     hf = _Scripted()
     assert simulate(trace, profile, hf, batch_size=2)["host"] == "hf"
-    assert hf.stops > 0 and not any(any(b) for b in hf.behind)
+    assert 2 in hf.stop_batches and not any(any(b) for b in hf.behind)  # our engine stops at any batch
     # Ragged steps: one drafting row pays 10% of the increment instead of all of it.
     ragged = {**profile, "ragged": {"cells": [{"batch": 2, "k": 2, "share": 0.1}, {"batch": 2, "k": 1, "share": 0.1}]}}
     full, cheaper = (simulate(trace, p, _Scripted(), batch_size=2, host="vllm")["simulated_seconds"]
@@ -260,6 +261,20 @@ def test_the_vllm_host_catches_up_a_lazy_draft_and_prices_ragged_steps():
     assert uniform[0] == pytest.approx(uniform[1])  # a step where every row drafts costs its cell
     with pytest.raises(ValueError, match="host"):
         simulate(trace, profile, "off", host="sglang")
+
+
+def test_the_vllm_host_asks_the_in_step_rule_in_steps_of_one_request_as_the_plug_in_does():
+    """Batch 1 on the vLLM host: the rule is asked and the policy is told the host stops drafts.
+    The simulator's limit is the plug-in's default (checked against the plug-in's constant, which
+    lives in vLLM-free code)."""
+    from adaptive_spec.integrations.vllm.controller import DEFAULT_STOP_MAX_BATCH
+    from adaptive_spec.simulation.simulator import VLLM_STOP_MAX_BATCH
+
+    assert VLLM_STOP_MAX_BATCH == DEFAULT_STOP_MAX_BATCH == 1
+    trace = synthetic(2, 12, alpha=1.0).requests()
+    policy = _Scripted()
+    simulate(trace, PROFILE, policy, batch_size=1, host="vllm")
+    assert policy.stops > 0 and policy.host_stops_drafts
 
 
 class _DropsAll(PolicyBase):

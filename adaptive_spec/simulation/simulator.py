@@ -27,8 +27,10 @@ Loop (mirrors `SpecEngine.step`):
   5. the policy observes the StepRecord; finished requests leave.
 
 `host="vllm"` imitates the vLLM plug-in instead (`integrations/vllm`), which stops drafts inside the
-step like our engine (a vLLM profile times whole steps, so a draft forward whose draft was dropped is
-charged as the whole step increment of one more draft: an overcharge by the verify's share of it);
+step like our engine, by default only in steps of one request (`VLLM_STOP_MAX_BATCH`; a vLLM
+profile times whole steps, so a draft forward whose draft was dropped is charged as the whole step
+increment of one more draft: an overcharge by the verify's share of it); in larger batches each
+row drafts its k;
 a lazy draft that skips rows at k = 0 and, before a row's next step that drafts, catches up over
 every token it missed (the prompt, for a row that never drafted), at the profile's
 `catch_up_seconds`, reported per row as `RequestView.draft_behind`; a ragged step (rows drafting
@@ -61,8 +63,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..control.cost_model import CostModel
-from ..control.policy import (AcceptanceHistory, RequestOutcome, RequestView, StepRecord, StopRule, adopt_stop_rule,
-                              choose_ks, mean_acceptance_length, run_stop_rule)
+from ..control.policy import (AcceptanceHistory, PolicyBase, RequestOutcome, RequestView, StepRecord, StopRule,
+                              adopt_stop_rule, choose_ks, mean_acceptance_length, run_stop_rule)
 from ..control.registry import make_policy
 from . import replay
 from .ceilings import ConfidenceOraclePolicy, request_static_policy
@@ -137,6 +139,9 @@ def _stop_inside(rule: StopRule, running: list[_Sim], ks: list[int]) -> tuple[li
         return float(sim.trace.draft_confidence[j]) if j < sim.trace.length else None
 
     return run_stop_rule(rule, ks, confidence)
+
+
+VLLM_STOP_MAX_BATCH = 1  # the vLLM plug-in's default ADAPTIVE_SPEC_VLLM_STOP_DRAFTS
 
 
 def simulate(
@@ -244,9 +249,13 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             context = sim.trace.prompt_length + sim.t
             views.append(RequestView(sim.rid, context, remaining, max(0, min(max_k, remaining - 1)), sim.history,
                                      draft_behind=context - sim.draft_seen if lazy_draft else 0))
+        # the vLLM plug-in runs the in-step rule only in small batches (its DEFAULT_STOP_MAX_BATCH)
+        stopping = stop_rule is not None and (not lazy_draft or len(views) <= VLLM_STOP_MAX_BATCH)
+        if lazy_draft and isinstance(policy, PolicyBase):
+            policy.host_stops_drafts = stopping
         ks = choose_ks(policy, views)
         positions = max(ks)
-        if stop_rule is not None and positions:
+        if stopping and positions:
             ks, positions = _stop_inside(stop_rule, running, ks)
         batch_k = max(ks)
         b = len(running)

@@ -261,6 +261,26 @@ def test_the_in_step_rule_ends_each_requests_drafts_where_the_policy_says():
     assert plain.keep_drafting(0, {"r0": 0.5}) == {"r0": 1} and plain.draft_length("r0") == 3
 
 
+def test_with_a_batch_limit_the_rule_runs_only_in_steps_that_small():
+    """enable_stopping(max_batch=1): a step of two requests is chosen as for a host that cannot stop
+    (the policy is told) and its drafts are kept whole; a step of one request asks the rule. Steps
+    above the limit do not count as steps where the drafter failed to ask."""
+    policy = EndsAt([1, 1])
+    controller = SpecController(policy)
+    assert controller.enable_stopping(max_batch=1)
+    for _ in range(MAX_UNASKED_STEPS + 1):
+        controller.choose(running(3, 3))
+        assert not controller.stops_drafts and not policy.host_stops_drafts
+        assert controller.keep_drafting(0, {"r0": 0.9, "r1": 0.9}) == {"r0": 1, "r1": 1}
+        assert controller.draft_length("r0") == 3
+        controller.finish_step([VerifiedRequest("r0", 0, 0, 1, 100), VerifiedRequest("r1", 0, 0, 1, 100)])
+    controller.choose(running(3))
+    assert controller.stops_drafts and policy.host_stops_drafts
+    assert controller.keep_drafting(0, {"r0": 0.9}) == {"r0": KEEP_LAST} and controller.draft_length("r0") == 1
+    with pytest.raises(ValueError, match="max_batch"):
+        SpecController(EndsAt([1])).enable_stopping(max_batch=0)
+
+
 def test_a_stop_rule_that_raises_ends_every_draft_and_warns():
     class Raising(EndsAt):
         def keep_drafting(self, position, confidences):

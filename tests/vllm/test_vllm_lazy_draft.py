@@ -278,10 +278,11 @@ class EndsAt(PolicyBase):
     name = "ends-at"
 
     def __init__(self, ends):
-        self.ends, self.records, self.asked = ends, [], []
+        self.ends, self.records, self.asked, self.batches = ends, [], [], []
 
     def choose(self, views):
         self.asked.append([])
+        self.batches.append(len(views))
         return [3] * len(views)
 
     def keep_drafting(self, position, confidences):
@@ -301,13 +302,17 @@ def run_ends_at(engines, ends):
     return tokens, acceptance, verified, positions, policy
 
 
-def test_the_draft_loop_ends_where_the_policy_stops_every_row(engines, reference):
-    """Every row told to keep one draft and stop at position 0: the loop runs no further draft
+def test_the_draft_loop_ends_where_the_policy_stops_every_row(engines, reference, monkeypatch):
+    """With the rule asked at every batch size (ADAPTIVE_SPEC_VLLM_STOP_DRAFTS=all): every row told to keep one draft and stop at position 0: the loop runs no further draft
     forward (the rule is asked about position 0 only), each request verifies one draft, outputs
     equal vLLM's without speculation, and the drafts kept are the draft's own (acceptance of a
     self-draft stays high). Rows told to stop at 0, 1 and 3 drafts verify exactly those, and the
     loop runs its three positions for the row that drafts on."""
+    from adaptive_spec.integrations.vllm.scheduler import STOP_ENV
+
+    monkeypatch.setenv(STOP_ENV, "all")
     tokens, acceptance, verified, positions, policy = run_ends_at(engines, (1, 1, 1))
+    assert max(policy.batches) > 1  # the rule ran in steps of several rows
     assert tokens == reference
     assert positions and set(positions) == {1}, positions
     assert set(verified) == {0, 1} and verified[1] > 0, verified
@@ -319,6 +324,17 @@ def test_the_draft_loop_ends_where_the_policy_stops_every_row(engines, reference
     assert {1, 3} <= set(verified) <= {0, 1, 2, 3}, verified  # 2: the request's budget cut its 3
 
 
+def test_by_default_the_rule_runs_only_in_steps_of_one_decoding_request(engines, reference):
+    """The default (ADAPTIVE_SPEC_VLLM_STOP_DRAFTS unset = 1): steps of several decoding requests
+    draft each row's k = 3 without asking the rule; a step with one request left asks it."""
+    tokens, _, verified, _, policy = run_ends_at(engines, (1, 1, 1))
+    assert tokens == reference
+    asked_batches = {batch for batch, step in zip(policy.batches, policy.asked) if step}
+    unasked_batches = {batch for batch, step in zip(policy.batches, policy.asked) if not step}
+    assert asked_batches <= {1} and max(unasked_batches) > 1, (asked_batches, unasked_batches)
+    assert verified[3] > 0, verified
+
+
 def test_with_stopping_switched_off_every_row_drafts_its_k(engines, reference, monkeypatch):
     """Negative control: the same policy with ADAPTIVE_SPEC_VLLM_STOP_DRAFTS=0 is never asked, and
     every request verifies the 3 drafts it was given."""
@@ -328,3 +344,13 @@ def test_with_stopping_switched_off_every_row_drafts_its_k(engines, reference, m
     tokens, _, verified, positions, _ = run_ends_at(engines, (1, 1, 1))
     assert tokens == reference
     assert positions == [] and verified[3] > 0, (positions, verified)
+
+
+def test_the_stop_setting_reads_a_batch_size_or_all_and_refuses_anything_else():
+    from adaptive_spec.integrations.vllm.scheduler import STOP_ENV, stop_max_batch
+
+    assert stop_max_batch(None) == stop_max_batch(" ") == 1
+    assert stop_max_batch("0") == 0 and stop_max_batch("4") == 4 and stop_max_batch("ALL") is None
+    for bad in ("-1", "yes", "2.5"):
+        with pytest.raises(ValueError, match=STOP_ENV):
+            stop_max_batch(bad)

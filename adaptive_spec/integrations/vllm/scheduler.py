@@ -20,8 +20,9 @@ With a draft model, the draft runs only for the rows given k > 0 (`lazy_draft.py
 scheduler names them on the step's output), so a step at K = 0 skips it altogether; the scheduler
 counts per request the tokens the draft has missed, shows them to the policy and reports the step
 that catches the draft up, whose time is not a decode step's. There the policy's in-step rule also
-runs inside the draft loop (`STOP_RULE` on the step's output, unless `ADAPTIVE_SPEC_VLLM_STOP_DRAFTS=0`):
-after each draft position it may end a row's drafts, and the drafter ends the loop once no row drafts on.
+runs inside the draft loop (`STOP_RULE` on the step's output) in steps of at most
+`ADAPTIVE_SPEC_VLLM_STOP_DRAFTS` decoding requests (default 1; 0 never, `all` every step): after
+each draft position it may end a row's drafts, and the drafter ends the loop once no row drafts on.
 """
 
 from __future__ import annotations
@@ -39,11 +40,27 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup  # noqa: E402
 
 from . import cpu_sampling  # noqa: E402
-from .controller import ControllerSettings, RunningRequest, SpecController, VerifiedRequest  # noqa: E402
+from .controller import (DEFAULT_STOP_MAX_BATCH, ControllerSettings, RunningRequest, SpecController,  # noqa: E402
+                         VerifiedRequest)
 from .lazy_draft import DRAFT_ROWS, STOP_RULE  # noqa: E402
 from .lazy_draft import enabled_for as lazy_draft_enabled_for  # noqa: E402
 
-STOP_ENV = "ADAPTIVE_SPEC_VLLM_STOP_DRAFTS"  # 0: every row drafts its full k (no in-step rule)
+STOP_ENV = "ADAPTIVE_SPEC_VLLM_STOP_DRAFTS"  # the largest batch the in-step rule runs in; 0 never, all always
+
+
+def stop_max_batch(value: str | None) -> int | None:
+    """`ADAPTIVE_SPEC_VLLM_STOP_DRAFTS` read: unset = DEFAULT_STOP_MAX_BATCH, `all` = None (every batch)."""
+    if value is None or not value.strip():
+        return DEFAULT_STOP_MAX_BATCH
+    if value.strip().lower() == "all":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"{STOP_ENV} must be a batch size >= 0 or 'all', got {value!r}")
+    return number
 
 
 def sampled_speculation_is_exact() -> bool:
@@ -89,8 +106,9 @@ class AdaptiveScheduler(Scheduler):
 
     def _enable_stopping(self) -> None:
         """The lazy draft asks the policy's in-step rule (greedy drafts from a draft model only)."""
-        if self.lazy_draft and os.environ.get(STOP_ENV, "1") != "0":
-            self.controller.enable_stopping()
+        max_batch = stop_max_batch(os.environ.get(STOP_ENV))
+        if self.lazy_draft and max_batch != 0:
+            self.controller.enable_stopping(max_batch)
 
     def use_vllm_schedule(self, per_batch_size: list[tuple[int, int, int]]) -> None:
         """Let vLLM's own dynamic mode choose (a `num_speculative_tokens_per_batch_size` table)."""
