@@ -303,8 +303,9 @@ def run_ends_at(engines, ends):
 
 
 def test_the_draft_loop_ends_where_the_policy_stops_every_row(engines, reference, monkeypatch):
-    """With the rule asked at every batch size (ADAPTIVE_SPEC_VLLM_STOP_DRAFTS=all): every row told to keep one draft and stop at position 0: the loop runs no further draft
-    forward (the rule is asked about position 0 only), each request verifies one draft, outputs
+    """With the rule asked at every batch size (ADAPTIVE_SPEC_VLLM_STOP_DRAFTS=all): every row told
+    to keep one draft and stop at position 0: the loop runs no further draft forward (the rule is
+    asked about position 0 only), each request verifies one draft, outputs
     equal vLLM's without speculation, and the drafts kept are the draft's own (acceptance of a
     self-draft stays high). Rows told to stop at 0, 1 and 3 drafts verify exactly those, and the
     loop runs its three positions for the row that drafts on."""
