@@ -237,8 +237,9 @@ def test_the_vllm_host_catches_up_a_lazy_draft_and_prices_ragged_steps():
     """host="vllm" imitates the plug-in: a row's draft misses the tokens of its steps at k = 0 (the
     prompt and the first token, for a row that never drafted) and catches up before it drafts, at
     the profile's catch-up cost; the in-step rule is asked only once one request is left (the
-    plug-in asks it only in steps of one request by default); a ragged step costs less than its (batch, K) cell by the profile's `ragged` share. Negative
-    control: host="hf" reports nobody behind."""
+    plug-in asks it only in steps of one request by default); a ragged step costs less than its
+    (batch, K) cell by the profile's `ragged` share. Negative control: host="hf" reports nobody
+    behind."""
     profile = json.loads(json.dumps(PROFILE))
     profile["draft_catch_up"] = {"seconds_per_token": 0.01}
     trace = synthetic(2, 12, alpha=1.0).requests()  # prompts of 50 and 57 tokens

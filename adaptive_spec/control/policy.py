@@ -115,13 +115,14 @@ class PolicyBase:
     """Defaults for the optional parts of the protocol; our policies derive from it.
 
     Stopping inside the step: the k a policy chooses is each row's most. While the draft runs,
-    hosts that can (our engine, the simulator, the vLLM plug-in with a draft model) call `keep_drafting(position, confidences)` at each
-    draft position with every drafting row's confidence there (the draft model's top probability,
-    softmax of its raw logits), after the forward that produced it and before the next one. The
-    answer per row: True keeps the draft and drafts on, KEEP_LAST keeps it and stops there (no
-    further forward for that row), False drops it and stops. A rule that looks at the draft only,
-    so exactness is untouched. The default rule keeps a draft while its confidence is at least
-    `min_draft_confidence` (0: always). Policies not derived from this class draft exactly their k.
+    hosts that can (our engine, the simulator, the vLLM plug-in with a draft model) call
+    `keep_drafting(position, confidences)` at each draft position with every drafting row's
+    confidence there (the draft model's top probability, softmax of its raw logits), after the
+    forward that produced it and before the next one. The answer per row: True keeps the draft and
+    drafts on, KEEP_LAST keeps it and stops there (no further forward for that row), False drops it
+    and stops. A rule that looks at the draft only, so exactness is untouched. The default rule
+    keeps a draft while its confidence is at least `min_draft_confidence` (0: always). Policies not
+    derived from this class draft exactly their k.
     """
 
     min_draft_confidence: float = 0.0

@@ -135,8 +135,8 @@ def _lazy_propose(proposer, runner, original_propose, num_speculative_tokens: in
     step_kwargs = kwargs if len(drafting) == len(rows) else sub_kwargs
     rule = getattr(proposer, _RULE, None)
     if rule is not None and _can_stop(proposer, step_kwargs["sampling_metadata"]):
-        drafts = _propose_with_stops(proposer, original_propose, num_speculative_tokens, step_kwargs,
-                                     _Stopper(rule, [rows[index].request_id for index in drafting], num_speculative_tokens))
+        stopper = _Stopper(rule, [rows[index].request_id for index in drafting], num_speculative_tokens)
+        drafts = _propose_with_stops(proposer, original_propose, num_speculative_tokens, step_kwargs, stopper)
     else:
         drafts = original_propose(proposer, num_speculative_tokens, **step_kwargs)
     if len(drafting) < len(rows):
