@@ -326,14 +326,20 @@ def test_the_draft_loop_ends_where_the_policy_stops_every_row(engines, reference
 
 
 def test_by_default_the_rule_runs_only_in_steps_of_one_decoding_request(engines, reference):
-    """The default (ADAPTIVE_SPEC_VLLM_STOP_DRAFTS unset = 1): steps of several decoding requests
-    draft each row's k = 3 without asking the rule; a step with one request left asks it."""
+    """The default (ADAPTIVE_SPEC_VLLM_STOP_DRAFTS unset = 1): steps of the three requests draft
+    each row's k = 3 without asking the rule; one request alone is asked about its drafts and keeps
+    one draft a step, as the rule says."""
     tokens, _, verified, _, policy = run_ends_at(engines, (1, 1, 1))
     assert tokens == reference
-    asked_batches = {batch for batch, step in zip(policy.batches, policy.asked) if step}
-    unasked_batches = {batch for batch, step in zip(policy.batches, policy.asked) if not step}
-    assert asked_batches <= {1} and max(unasked_batches) > 1, (asked_batches, unasked_batches)
+    assert all(not step for step in policy.asked) and min(policy.batches) > 1, policy.batches
     assert verified[3] > 0, verified
+    alone = EndsAt((1,))
+    llm = engines.get(SELF_DRAFT)
+    scheduler_of(llm).use_controller(SpecController(alone))
+    output = llm.generate([PROMPTS_USED[0]], SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    assert list(output[0].outputs[0].token_ids) == reference[0]
+    assert set(alone.batches) == {1} and any(alone.asked), alone.asked
+    assert {outcome.k for record in alone.records for outcome in record.outcomes} <= {0, 1}
 
 
 def test_with_stopping_switched_off_every_row_drafts_its_k(engines, reference, monkeypatch):
