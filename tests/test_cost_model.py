@@ -258,6 +258,39 @@ def test_online_correction_learns_a_knee_the_profile_missed():
     assert flat.corrections().target > 2.0
 
 
+def test_an_unlearned_cell_takes_its_nearest_learned_cell_of_its_kind():
+    """The profile underprices every drafting verify by 1.5x and is right at K = 0. Once (4, 1) is
+    learned, drafting cells never run (K = 2 at batch 4, K = 3 at batch 8, K = 1 at batch 2) take its
+    1.5 while the pooled factor G says 1.0; once G has reached 1.5, a K = 0 cell never run (batch 8)
+    takes (4, 0)'s 1.0. Control: a model that has learned only K = 0 keeps the profile's price for
+    K = 2 (nothing of its kind to borrow)."""
+    profile = make_profile()
+    exact = CostModel.from_profile(profile)
+    model, control = CostModel.from_profile(profile), CostModel.from_profile(profile)
+    context = 512
+
+    def step(b, k):
+        draft, verify, rest = _true_step(exact, b, context, k)
+        return record(b, context, k, draft, verify * (1.5 if k else 1.0), rest)
+
+    def ratio(m, b, k):
+        return m.target_seconds(b, context, k + 1) / exact.target_seconds(b, context, k + 1)
+
+    for b, k, times in [(4, 0, 3), (4, 1, 3), (4, 0, 5)]:
+        for _ in range(times):
+            model.observe(step(b, k))
+    assert model.corrections().target == pytest.approx(1.0)  # G: five of its last eight steps at K = 0
+    for b, k in [(4, 2), (8, 3), (2, 1)]:
+        assert ratio(model, b, k) == pytest.approx(1.5)
+    for _ in range(8):
+        model.observe(step(4, 1))
+    assert model.corrections().target == pytest.approx(1.5)
+    assert ratio(model, 8, 0) == pytest.approx(1.0)
+    for _ in range(3):
+        control.observe(step(4, 0))
+    assert ratio(control, 4, 2) == pytest.approx(1.0)
+
+
 def test_noisy_neighbour_is_followed_within_bounded_steps_and_outliers_are_ignored():
     truth = CostModel.from_profile(make_profile())
     model = CostModel.from_profile(make_profile())

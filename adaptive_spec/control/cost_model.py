@@ -61,7 +61,12 @@ time is divided by the profile's prediction, giving a ratio r. Two robust, bound
   cell while fresh (observed within the component's last ``2 * window`` observations); when stale
   it becomes G times the cell's shape (its median over G's median across the same span of steps),
   so a shape error the profile made (say a knee it missed) is remembered while later drift moves
-  with G.
+  with G;
+* a cell not learned yet takes the factor of its nearest learned cells of the same kind (drafting,
+  K > 0, or not; G before any). A profile that is wrong about one draft length at a batch size is
+  likely wrong about the lengths beside it, and taking them at the profile's word makes a policy try
+  each in turn at the measured price; and G, pooled over both kinds, is wrong for the kind a policy
+  has stopped running (vLLM skips the draft at K = 0, so the kinds' errors differ).
 
 The draft component is keyed by the positions the draft loop evaluated (`StepRecord.draft_positions`:
 a draft stopped inside the step still ran the forward that showed its confidence). A step whose
@@ -498,11 +503,13 @@ class _Correction:
         self.count = 0
         self.factor_global = 1.0
         self.cells: dict[tuple[int, int], _Cell] = {}
+        self._borrowed: dict[tuple[int, int], float] = {}  # factors of unlearned cells, until the next update
 
     def update(self, key: tuple[int, int], ratio: float) -> None:
         if not math.isfinite(ratio):
             return
         ratio = min(max(ratio, _RATIO_CLIP[0]), _RATIO_CLIP[1])
+        self._borrowed.clear()
         self.count += 1
         self.history.append((self.count, ratio))
         recent = [r for _, r in list(self.history)[-self.window:]]
@@ -520,10 +527,34 @@ class _Correction:
     def factor(self, key: tuple[int, int]) -> float:
         cell = self.cells.get(key)
         if cell is None or len(cell.ratios) < self.min_cell_obs:
-            return self.factor_global
+            return self._borrowed_factor(key)
+        return self._own_factor(cell)
+
+    def _own_factor(self, cell: _Cell) -> float:
         if self.count - cell.last < self.fresh:
             return cell.median
         return self.factor_global * cell.shape
+
+    def _borrowed_factor(self, key: tuple[int, int]) -> float:
+        """An unlearned cell takes the factor of its nearest learned cells of the same kind (K > 0 or
+        K = 0), nearest in batch size (by ratio) first, then in K; G before any. A profile that was
+        wrong about one draft length at a batch size is likely wrong about its neighbours, and a policy
+        that took every unlearned cell at the profile's word would try each length in turn at the
+        measured price (vLLM at batch 8: K = 1 cost 1.5x its profile, and K = 2, 3 were tried next).
+        Kinds are kept apart: vLLM skips the draft at K = 0, and G, pooled over both, is wrong for
+        either once one dominates the steps."""
+        factor = self._borrowed.get(key)
+        if factor is None:
+            batch, k = key
+            learned = [((abs(math.log2(b / batch)), abs(j - k)), cell) for (b, j), cell in self.cells.items()
+                       if len(cell.ratios) >= self.min_cell_obs and (j > 0) == (k > 0)]
+            if learned:
+                nearest = min(distance for distance, _ in learned)
+                factor = _median([self._own_factor(cell) for distance, cell in learned if distance == nearest])
+            else:
+                factor = self.factor_global
+            self._borrowed[key] = factor
+        return factor
 
 
 # ----------------------------------------------------------------------------- the model
