@@ -6,6 +6,14 @@ into draft / verify / rest in the proportions the cost model predicts for that s
 model's online correction moves every part by the same measured ratio and its prediction for the
 whole step converges to what was measured. Without a cost model the total is reported as verify
 time (nothing reads the split then).
+
+Which steps a profile cell stands for (`cell_equivalent`): a steady step (every row verified K
+drafts and drafts K again) is its (batch, K) cell. So is, once scaled, a step where a few rows sit
+at k = 0 beside rows at K (a long prompt whose catch-up would not pay, a row near its end): where
+those rows are always there, a host that timed only steady steps would never time a step at all,
+and its policy would run on the profile's word for good. A step whose rows fill under
+`MIN_FILLED_SHARE` of its K columns (a probe beside idle rows) or that switches K stays untimed: it
+costs far less, or other than, any cell.
 """
 
 from __future__ import annotations
@@ -14,6 +22,28 @@ from typing import Sequence
 
 from .cost_model import CostModel
 from .policy import RequestOutcome, StepRecord
+
+
+MIN_FILLED_SHARE = 0.75  # drafted tokens over batch x K, below which a ragged step is not timed
+
+
+def cell_equivalent(cost_model: CostModel | None, batch: int, context: float, verified: Sequence[int],
+                    drafting: Sequence[int]) -> float:
+    """The factor that turns a step's measured time into its (batch, K) cell's, 0 where no cell stands
+    for it. `verified`: the drafts each row verified in the step; `drafting`: those it drafts for the
+    next (the same list for a host that verifies its own step's drafts). A ragged step is scaled by the
+    cell's cost over the model's price of that step (`CostModel.ragged_step_seconds`: the profile's
+    ragged shares, else the cell's own cost, as a policy prices such a step)."""
+    K = max([*verified, *drafting], default=0)
+    if set(verified) | set(drafting) <= {K}:
+        return 1.0
+    if cost_model is None or max(verified) != K or max(drafting) != K:
+        return 0.0
+    if min(sum(verified), sum(drafting)) < MIN_FILLED_SHARE * K * batch:
+        return 0.0
+    priced = (cost_model.ragged_step_seconds(batch, context, verified)
+              + cost_model.ragged_step_seconds(batch, context, drafting)) / 2
+    return cost_model.step_seconds(batch, context, K) / priced if priced > 0 else 0.0
 
 
 def whole_step_record(cost_model: CostModel | None, *, batch_size: int, batch_k: int,

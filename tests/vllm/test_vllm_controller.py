@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 
 from adaptive_spec.control.cost_model import CostModel
@@ -86,6 +87,33 @@ def test_only_steps_a_profile_cell_describes_are_timed():
     assert step([0, 0, 0, 0], [2, 2, 2, 2]) == 0.0  # switching from K = 0 to K = 2
     assert step([2, 2, 2, 2], [2, 2, 2, 2]) == pytest.approx(0.7)
     assert step([0, 0, 0, 0], [0, 0, 0, 0]) == pytest.approx(0.7)
+
+
+def test_a_step_with_a_few_rows_at_zero_is_timed_as_its_cell():
+    """A long prompt left at k = 0 beside seven rows at K = 2 would make every step ragged, and a
+    cost model fed only steady steps would never learn the machine. Such a step (rows fill >= 3/4 of
+    the batch's K columns) is timed, scaled to its cell by the model's ragged price: 1 without the
+    profile's ragged shares, cell / ragged with them. Negative controls: a probe beside idle rows,
+    rows filling under 3/4, and a controller without a cost model stay untimed."""
+    def step(verified_ks, next_ks, cost_model):
+        ticks = iter([0.0, 0.7])
+        controller = SpecController(StaticPolicy(3), cost_model, clock=lambda: next(ticks))
+        controller._chosen = {f"r{i}": k for i, k in enumerate(next_ks)}
+        controller.start_step()
+        rows = [VerifiedRequest(f"r{i}", k, k, k + 1, 100) for i, k in enumerate(verified_ks)]
+        return controller.finish_step(rows).total_seconds
+
+    plain = CostModel.default()
+    seven = [2] * 7 + [0]
+    assert step(seven, seven, plain) == pytest.approx(0.7)
+    assert step(seven, seven, None) == 0.0
+    assert step([2] * 5 + [0] * 3, [2] * 5 + [0] * 3, plain) == 0.0  # 5 of 8 rows: under 3/4
+    assert step([2] + [0] * 7, [2] + [0] * 7, plain) == 0.0  # a probe
+    shared = CostModel.default()
+    shared.ragged_shares = {8: (np.array([1.0, 3.0]), np.array([0.4, 0.4]))}
+    full, priced = shared.step_seconds(8, 100, 2), shared.ragged_step_seconds(8, 100, seven)
+    assert priced < full
+    assert step(seven, seven, shared) == pytest.approx(0.7 * full / priced)
 
 
 def test_untimed_steps_teach_the_cost_model_nothing():

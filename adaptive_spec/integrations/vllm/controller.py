@@ -21,8 +21,9 @@ row's confidence; the policy's answers end rows early, and `draft_length` then g
 Timing: vLLM reports no split of a step, so the controller measures whole steps (schedule to
 update_from_output) and hands them to the policy through `control.step_timing.whole_step_record`,
 which attributes a whole step to the cost model's parts in the proportions the model predicts.
-Steps that prefill any prompt carry no timing (a prefill is not a decode step's cost), nor do ragged
-steps (rows verifying or drafting different lengths), whose cost no profile cell describes.
+Steps that prefill any prompt carry no timing (a prefill is not a decode step's cost), nor do
+ragged steps that no profile cell describes (a probe beside idle rows, a switch of K); one where a
+few rows sit at k = 0 beside rows at K is scaled to its cell (`step_timing.cell_equivalent`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ...control.cost_model import CostModel
 from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
                                StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
 from ...control.registry import make_policy
-from ...control.step_timing import whole_step_record
+from ...control.step_timing import cell_equivalent, whole_step_record
 
 POLICY_ENV = "ADAPTIVE_SPEC_VLLM_POLICY"
 PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
@@ -270,8 +271,8 @@ class SpecController:
             if total > 0 and catch_up_tokens >= MIN_TIMED_CATCH_UP and self.cost_model is not None:
                 self.cost_model.observe_catch_up(catch_up_tokens, total - self._step_without_catch_up(verified))
             total = 0.0
-        elif not self._steady(verified):
-            total = 0.0
+        else:
+            total *= self._cell_scale(verified)
         outcomes = []
         for request in verified:
             history = self._histories.setdefault(request.request_id, AcceptanceHistory())
@@ -296,14 +297,17 @@ class SpecController:
             self._fail(PolicyError(f"policy {self.policy.name!r} raised {type(error).__name__} in observe: {error}"))
         return record
 
-    def _steady(self, verified: Sequence[VerifiedRequest]) -> bool:
-        """Every row verified the same number of drafts and drafts that many again: the step a profile
-        cell (batch, K) times. vLLM's cost follows the tokens a step runs, not its longest draft, so a
-        ragged step (one row probing at k = 4 beside seven at 0) costs far less than the cell of its
-        longest draft; timed into that cell it would make K = 4 look cheap for the whole batch."""
-        counts = {r.drafted for r in verified} | {self.draft_length(r.request_id) for r in verified}
-        # a draft dropped inside the step still cost its forward: no cell holds that step either
-        return len(counts) == 1 and (self._kept is None or self._positions <= min(counts))
+    def _cell_scale(self, verified: Sequence[VerifiedRequest]) -> float:
+        """What turns this step's time into its profile cell's (`step_timing.cell_equivalent`), 0 where
+        none stands for it. vLLM's cost follows the tokens a step runs, not its longest draft, so a
+        probe at k = 4 beside seven rows at 0 costs far less than the cell of its longest draft: timed
+        into that cell it would make K = 4 look cheap for the whole batch."""
+        verified_ks = [r.drafted for r in verified]
+        drafting_ks = [self.draft_length(r.request_id) for r in verified]
+        if self._kept is not None and self._positions > min(verified_ks + drafting_ks):
+            return 0.0  # a draft dropped inside the step still cost its forward: no cell holds that step
+        context = max(r.context_length for r in verified)
+        return cell_equivalent(self.cost_model, len(verified), context, verified_ks, drafting_ks)
 
     def _check_stops_were_asked(self) -> None:
         """A step that drafted without the drafter asking the rule means the drafter cannot stop; after
