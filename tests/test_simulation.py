@@ -19,6 +19,7 @@ import pytest
 from adaptive_spec.simulation import (TraceError, dp_schedule, expected_emitted_iid, load_trace, make_trace,
                                       save_trace, simulate)
 from adaptive_spec.control.policy import AcceptanceHistory, PolicyBase, RequestView
+from adaptive_spec.control.registry import make_policy
 from adaptive_spec.simulation import replay
 from adaptive_spec.simulation.ceilings import ConfidenceOraclePolicy, static_seconds
 from adaptive_spec.simulation.oracle import CostRows
@@ -308,6 +309,40 @@ def test_the_vllm_host_charges_a_whole_step_profile_for_the_forwards_of_dropped_
     assert dropped["simulated_seconds"] - off["simulated_seconds"] == pytest.approx(drafting_steps * increment, rel=0.02)
     hf = simulate(trace, profile, _DropsAll(), host="hf")
     assert 0 < hf["simulated_seconds"] - off["simulated_seconds"] < 0.8 * off["steps"] * increment
+
+
+def _slower(profile, factor):
+    """The same profile on a machine `factor` times slower in every measured part."""
+    slow = json.loads(json.dumps(profile))
+    slow["name"] = f"{profile['name']}-x{factor}"
+    for row in slow["target"] + slow["draft"]:
+        row["median"] *= factor
+        row["samples"] = [s * factor for s in row["samples"]]
+    for row in slow["overhead"]:
+        for part in ("draft_extra", "verify_extra", "rest"):
+            row[part] *= factor
+            row[f"{part}_samples"] = [s * factor for s in row[f"{part}_samples"]]
+    return slow
+
+
+def test_a_clock_profile_times_the_steps_and_the_policy_learns_it_online():
+    """`clock_profile` runs the steps on another machine than the policy's profile describes: on one
+    twice as slow, static:2 takes twice the simulated time, and goodput's own cost model (built from
+    the faster profile) ends with its correction near 2. Control: without a clock profile the same
+    policy's correction stays at 1 (the clock and the policy agree)."""
+    trace = synthetic(4, 60, alpha=0.8).requests()
+    slow = _slower(PROFILE, 2.0)
+    base = simulate(trace, PROFILE, "static:2", num_requests=8)
+    timed = simulate(trace, PROFILE, "static:2", num_requests=8, clock_profile=slow)
+    assert "clock_profile" not in base and timed["clock_profile"] == slow["name"]
+    assert timed["generated_tokens"] == base["generated_tokens"]
+    assert timed["simulated_seconds"] == pytest.approx(2 * base["simulated_seconds"], rel=1e-6)
+    learns = make_policy("goodput", cost_model=cost_model_from(PROFILE))
+    simulate(trace, PROFILE, learns, num_requests=8, clock_profile=slow)
+    assert learns.cost_model.corrections().target == pytest.approx(2.0, rel=0.05)
+    agrees = make_policy("goodput", cost_model=cost_model_from(PROFILE))
+    simulate(trace, PROFILE, agrees, num_requests=8)
+    assert agrees.cost_model.corrections().target == pytest.approx(1.0, rel=0.05)
 
 
 # ----------------------------------------------------------------------------- determinism, speed

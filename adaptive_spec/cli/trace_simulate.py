@@ -47,6 +47,9 @@ def add_trace_commands(subparsers) -> None:
                                 formatter_class=_HelpFormatter, epilog=CEILINGS_HELP)
     sim.add_argument("--trace", action="append", required=True, help="trace file (repeatable; requests are pooled)")
     sim.add_argument("--profile", required=True, help="cost profile JSON (see `adaptive-spec profile`)")
+    sim.add_argument("--clock-profile", default=None, metavar="PROFILE",
+                     help="time the steps with this profile instead (the machine the policy runs on, when --profile, "
+                          "the policy's, describes another): how a foreign or stale profile fares, corrected online")
     sim.add_argument("--policy", default="goodput", help="a policy name (off, static:K, goodput, ...) or a ceiling (below)")
     sim.add_argument("--policies", default=None,
                      help="comma-separated policies and ceilings, run on the same requests and shown as a table "
@@ -77,6 +80,7 @@ def run_simulate(args) -> int:
     traces = load_traces(args.trace)
     try:
         profile = load_profile(args.profile)
+        clock_profile = load_profile(args.clock_profile) if args.clock_profile else None
     except ProfileError as error:
         raise ValueError(str(error)) from None
     batch = args.batch_size if args.batch_size is not None else (64 if args.rate is not None else 1)
@@ -91,7 +95,8 @@ def run_simulate(args) -> int:
         try:
             report = simulate(traces, profile, policy, batch_size=batch, rate=args.rate,
                               num_requests=args.num_requests, seed=args.seed, max_k=args.max_k,
-                              prefill_seconds_per_token=args.prefill_seconds_per_token, host=host)
+                              prefill_seconds_per_token=args.prefill_seconds_per_token, host=host,
+                              clock_profile=clock_profile)
         except ProfileError as error:
             raise ValueError(str(error)) from None
         report["traces"] = list(args.trace)

@@ -7,7 +7,8 @@ What it runs: the same policy objects the engine uses (`control.registry.make_po
 same `RequestView`s and told the same `StepRecord`s, with step times from a cost model built from
 a profile (`CostModel.from_profile`). Two fresh cost models per simulation: the policy's own (it
 may correct it online through `observe`, as in the engine) and the simulator's clock, which is
-never corrected.
+never corrected. The clock may come from another profile (`clock_profile`): a policy run on a
+machine its profile does not describe, learning the difference online as it would in a server.
 
 Loop (mirrors `SpecEngine.step`):
   1. admit: closed loop (`batch_size=B`): B requests run concurrently and a finished one is replaced
@@ -34,8 +35,9 @@ row drafts its k;
 a lazy draft that skips rows at k = 0 and, before a row's next step that drafts, catches up over
 every token it missed (the prompt, for a row that never drafted), at the profile's
 `catch_up_seconds`, reported per row as `RequestView.draft_behind`; a ragged step (rows drafting
-different k) costs `CostModel.ragged_step_seconds`, and like a catching-up step is not timed for
-the policy's cost model, as the plug-in does.
+different k) costs `CostModel.ragged_step_seconds`. As in the plug-in, a catching-up step is not
+timed for the policy's cost model, nor a ragged step no profile cell stands for
+(`step_timing.cell_equivalent`); one where a few rows sit at k = 0 is scaled to its cell.
 
 Requests: the trace requests are cycled to reach `num_requests` (simulated request i replays trace
 request i mod R with its own uniforms). Reports tokens/s (emitted tokens / simulated seconds),
@@ -63,6 +65,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..control.cost_model import CostModel
+from ..control.step_timing import cell_equivalent
 from ..control.policy import (AcceptanceHistory, PolicyBase, RequestOutcome, RequestView, StepRecord, StopRule,
                               adopt_stop_rule, choose_ks, mean_acceptance_length, run_stop_rule)
 from ..control.registry import make_policy
@@ -156,8 +159,10 @@ def simulate(
     max_k: int = DEFAULT_MAX_K,
     prefill_seconds_per_token: float = 0.0,
     host: str = "hf",
+    clock_profile: Mapping[str, Any] | None = None,
 ) -> dict:
-    """Simulate one policy; returns the report dict (see the module docstring)."""
+    """Simulate one policy; returns the report dict (see the module docstring). `clock_profile`: the
+    machine the steps run on, when it is not the one `profile` (the policy's) describes."""
     started = time.perf_counter()
     if not traces:
         raise ValueError("no trace requests to simulate")
@@ -172,7 +177,7 @@ def simulate(
     n_req = int(num_requests if num_requests is not None else len(traces))
     if n_req < 1:
         raise ValueError(f"num_requests must be >= 1, got {n_req}")
-    clock = _Clock(cost_model_from(profile), prefill_seconds_per_token)
+    clock = _Clock(cost_model_from(clock_profile if clock_profile is not None else profile), prefill_seconds_per_token)
     ceiling = policy.strip().lower() if isinstance(policy, str) and policy.strip().lower() in CEILINGS else None
     if ceiling:
         policy_obj = None
@@ -182,6 +187,8 @@ def simulate(
     base = {"policy": ceiling or policy_obj.name, "batch_size": batch_size, "rate": rate,
             "num_requests": n_req, "seed": seed, "max_k": max_k,
             "prefill_seconds_per_token": prefill_seconds_per_token, "host": host}
+    if clock_profile is not None:
+        base["clock_profile"] = clock_profile.get("name")
     if ceiling == "oracle" and batch_size > 1:
         report = _oracle_bound(sims, clock, batch_size, max_k)
         report["wall_seconds"] = round(time.perf_counter() - started, 4)
@@ -223,6 +230,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
     latencies = []
     prefill_seconds = catch_up_seconds = 0.0
     observe = policy.observe
+    host_costs = getattr(policy, "cost_model", None)  # what the host scales a ragged step's time by
     stop_rule = adopt_stop_rule(policy)  # None for rule-free policies and the ceilings
     while running or pending:
         # 1. admit
@@ -292,8 +300,16 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         batch_k_hist[batch_k] += 1
         now += total_s + catch_up
         # As vLLM's plug-in does, a step that caught up is not a step cost (catch-up is priced apart),
-        # and neither is a ragged step (no profile cell describes it).
-        timed = 0.0 if catch_up or ragged else 1.0
+        # and a ragged step is timed only where its profile cell stands for it, scaled to that cell
+        # by what the policy's own cost model knows (`step_timing.cell_equivalent`).
+        if catch_up:
+            timed = 0.0
+        elif ragged:
+            timed = cell_equivalent(host_costs, b, max(contexts), ks, ks)
+            cell_s = clock.step(b, max(contexts), batch_k)[2]
+            draft_s, verify_s = draft_s * total_s / cell_s, verify_s * total_s / cell_s  # the parts in the cell's proportions
+        else:
+            timed = 1.0
         observe(StepRecord(batch_size=b, batch_k=batch_k, context_lengths=contexts, outcomes=tuple(outcomes),
                            draft_seconds=draft_s * timed, verify_seconds=verify_s * timed,
                            total_seconds=total_s * timed, draft_positions=positions))
