@@ -116,6 +116,42 @@ def test_a_step_with_a_few_rows_at_zero_is_timed_as_its_cell():
     assert step(seven, seven, shared) == pytest.approx(0.7 * full / priced)
 
 
+class Scripted(RecordingPolicy):
+    """k = 3 for every request; inside the step every row but the last gets `answers[position]`, the
+    last row drops its first draft (k = 0 beside the others)."""
+
+    def __init__(self, answers):
+        super().__init__(3)
+        self.answers = answers
+        self.host_stops_drafts = False
+
+    def keep_drafting(self, position, confidences):
+        return [False if c is None or row == len(confidences) - 1 else self.answers[position]
+                for row, c in enumerate(confidences)]
+
+
+def test_with_the_in_step_rule_a_step_with_a_row_at_zero_is_timed_unless_a_draft_past_k_ran():
+    """With the rule asked inside the step, seven rows keep 2 drafts and the eighth drops its first:
+    the loop ran 2 positions, K = 2, and the step is scaled to its cell as without the rule.
+    Negative control: the same kept drafts after a loop that ran a third position and dropped it
+    there paid a forward no cell holds, and the step stays untimed."""
+    def step(answers):
+        ticks = iter([0.0, 0.7])
+        controller = SpecController(Scripted(answers), CostModel.default(), clock=lambda: next(ticks))
+        assert controller.enable_stopping()
+        controller.choose(running(*[3] * 8))
+        for position in range(len(answers)):
+            controller.keep_drafting(position, {f"r{i}": 0.9 for i in range(8)})
+        kept = [controller.draft_length(f"r{i}") for i in range(8)]
+        assert kept == [2] * 7 + [0] and controller._positions == len(answers)
+        controller.start_step()
+        rows = [VerifiedRequest(f"r{i}", k, k, k + 1, 100) for i, k in enumerate(kept)]
+        return controller.finish_step(rows).total_seconds
+
+    assert step([True, KEEP_LAST]) == pytest.approx(0.7)
+    assert step([True, True, False]) == 0.0
+
+
 def test_untimed_steps_teach_the_cost_model_nothing():
     controller = SpecController(RecordingPolicy(1))
     controller.start_step()

@@ -304,8 +304,8 @@ class SpecController:
         into that cell it would make K = 4 look cheap for the whole batch."""
         verified_ks = [r.drafted for r in verified]
         drafting_ks = [self.draft_length(r.request_id) for r in verified]
-        if self._kept is not None and self._positions > min(verified_ks + drafting_ks):
-            return 0.0  # a draft dropped inside the step still cost its forward: no cell holds that step
+        if self._kept is not None and self._positions > max(verified_ks + drafting_ks):
+            return 0.0  # a draft dropped past K still cost its forward: no cell holds that step
         context = max(r.context_length for r in verified)
         return cell_equivalent(self.cost_model, len(verified), context, verified_ks, drafting_ks)
 
