@@ -311,6 +311,29 @@ def test_the_vllm_host_charges_a_whole_step_profile_for_the_forwards_of_dropped_
     assert 0 < hf["simulated_seconds"] - off["simulated_seconds"] < 0.8 * off["steps"] * increment
 
 
+class _DropsAllAndRecords(_DropsAll):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def observe(self, record):
+        self.records.append(record)
+
+
+def test_the_vllm_host_does_not_time_a_step_that_ran_a_dropped_draft_forward():
+    """As the plug-in does, a vLLM-host step whose draft loop ran past the kept K (a forward no
+    profile cell holds) reaches the policy untimed. Control: our engine's loop times the same steps
+    (it keys the draft part by the positions the loop ran)."""
+    trace = synthetic(1, 12, alpha=1.0).requests()
+    records = {}
+    for host in ("vllm", "hf"):
+        policy = _DropsAllAndRecords()
+        simulate(trace, PROFILE, policy, host=host)
+        records[host] = [r for r in policy.records if r.draft_positions > r.batch_k]
+    assert records["vllm"] and all(r.total_seconds == 0.0 for r in records["vllm"])
+    assert len(records["hf"]) == len(records["vllm"]) and all(r.total_seconds > 0 for r in records["hf"])
+
+
 def _slower(profile, factor):
     """The same profile on a machine `factor` times slower in every measured part."""
     slow = json.loads(json.dumps(profile))

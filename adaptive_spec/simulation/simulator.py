@@ -300,14 +300,16 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         batch_k_hist[batch_k] += 1
         now += total_s + catch_up
         # As vLLM's plug-in does, a step that caught up is not a step cost (catch-up is priced apart),
-        # and a ragged step is timed only where its profile cell stands for it, scaled to that cell
-        # by what the policy's own cost model knows (`step_timing.cell_equivalent`).
-        if catch_up:
+        # nor one that paid the forward of a draft dropped past K (no cell holds it), and a ragged
+        # step is timed only where its profile cell stands for it, scaled to that cell by what the
+        # policy's own cost model knows (`step_timing.cell_equivalent`).
+        if catch_up or (lazy_draft and positions > batch_k):
             timed = 0.0
         elif ragged:
             timed = cell_equivalent(host_costs, b, max(contexts), ks, ks)
-            cell_s = clock.step(b, max(contexts), batch_k)[2]
-            draft_s, verify_s = draft_s * total_s / cell_s, verify_s * total_s / cell_s  # the parts in the cell's proportions
+            if timed:  # the parts in the cell's proportions
+                cell_s = clock.step(b, max(contexts), batch_k)[2]
+                draft_s, verify_s = draft_s * total_s / cell_s, verify_s * total_s / cell_s
         else:
             timed = 1.0
         observe(StepRecord(batch_size=b, batch_k=batch_k, context_lengths=contexts, outcomes=tuple(outcomes),
