@@ -104,3 +104,53 @@ def test_vllms_own_cpu_expand_leaves_a_float_output_unwritten(plain):
     values = torch.tensor([0.123, 4.56], dtype=torch.float32)
     expanded = original(values, torch.tensor([2, 5], dtype=torch.int32), 5)
     assert expanded.tolist() != pytest.approx([0.123, 0.123, 4.56, 4.56, 4.56])
+
+
+def recovered_counts(sample, target_probs, draws: int, seed: int) -> Counter:
+    """(position, recovered token) counts of `draws` calls on one ragged step: row 0 drafted
+    nothing, row 1 one token, row 2 two."""
+    import torch
+    from types import SimpleNamespace
+
+    torch.manual_seed(seed)
+    cumulative, drafts = torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([2, 1, 4], dtype=torch.int32)
+    draft_probs = torch.tensor([[0.1, 0.1, 0.6, 0.1, 0.05, 0.05], [0.2, 0.5, 0.1, 0.1, 0.05, 0.05],
+                                [0.05, 0.05, 0.1, 0.1, 0.6, 0.1]])
+    counts = Counter()
+    for _ in range(draws):
+        tokens = sample(2, [0, 1, 2], cumulative, drafts, draft_probs, target_probs, SimpleNamespace(generators={}), "cpu")
+        counts.update(enumerate(tokens.tolist()))
+    return counts
+
+
+TARGET = [[0.3, 0.2, 0.1, 0.2, 0.1, 0.1], [0.1, 0.1, 0.3, 0.2, 0.2, 0.1], [0.25, 0.25, 0.1, 0.2, 0.1, 0.1]]
+
+
+def test_recovered_tokens_drawn_for_drafted_rows_alone_keep_vllms_law(plain):
+    """Statistical, alpha = 0.001 (the false-failure probability): 3,000 draws of the replacement
+    against 3,000 of vLLM's own on a step where one row drafted nothing. Negative control: vLLM's own
+    on another target law (the residual law moves) must be rejected by the same test."""
+    import torch
+
+    original = cpu_sampling._state["originals"]["sample_recovered_tokens"]
+    target = torch.tensor(TARGET)
+    ours = recovered_counts(cpu_sampling.sample_recovered_tokens, target, 3000, seed=0)
+    theirs = recovered_counts(original, target, 3000, seed=1)
+    assert p_value(ours, theirs) > ALPHA
+    moved = torch.tensor([TARGET[0], TARGET[2], TARGET[1]])
+    assert p_value(ours, recovered_counts(original, moved, 3000, seed=2)) <= ALPHA, "the test cannot tell laws apart"
+
+
+def test_a_step_without_drafts_draws_no_noise(plain):
+    """vLLM draws exponential noise over [batch, vocabulary] even when no row drafted; the
+    replacement draws none (the generator's state is untouched) and recovers nothing."""
+    import torch
+    from types import SimpleNamespace
+
+    args = (1, [0, 0], torch.tensor([0, 0], dtype=torch.int32), torch.empty(0, dtype=torch.int32), None,
+            torch.empty(0, 8), SimpleNamespace(generators={}), "cpu")
+    before = torch.get_rng_state()
+    assert cpu_sampling.sample_recovered_tokens(*args).numel() == 0
+    assert torch.equal(torch.get_rng_state(), before)
+    cpu_sampling._state["originals"]["sample_recovered_tokens"](*args)
+    assert not torch.equal(torch.get_rng_state(), before), "control: vLLM's own draws for nothing"
