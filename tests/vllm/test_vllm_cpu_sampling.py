@@ -100,7 +100,7 @@ def test_vllms_own_cpu_expand_leaves_a_float_output_unwritten(plain):
     """The bug the fix is for: fresh float values never reach the output of vLLM's CPU expand."""
     import torch
 
-    original = cpu_sampling._state["original"]
+    original = cpu_sampling._state["originals"]["expand_batch_to_tokens"]
     values = torch.tensor([0.123, 4.56], dtype=torch.float32)
     expanded = original(values, torch.tensor([2, 5], dtype=torch.int32), 5)
     assert expanded.tolist() != pytest.approx([0.123, 0.123, 4.56, 4.56, 4.56])

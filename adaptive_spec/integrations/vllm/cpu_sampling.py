@@ -74,8 +74,7 @@ def install() -> bool:
         return False
     from vllm.v1.sample import rejection_sampler
 
-    if "original" not in _state:
-        _state["original"] = rejection_sampler.expand_batch_to_tokens
+    if "originals" not in _state:
         _state["originals"] = {name: getattr(rejection_sampler, name) for name in _PATCHED}
     for name, replacement in _PATCHED.items():
         setattr(rejection_sampler, name, replacement)
