@@ -85,6 +85,32 @@ def test_costly_draft_or_large_batch_lowers_k():
     assert settled_k(LinearCosts(draft=0.05, slope=0.4), 16) < cheap
 
 
+def test_drafting_rows_shortcut_equals_the_general_scan():
+    """Where every row drafts for free once one does (no per-row share, nothing to catch up),
+    `_drafting_rows` skips building and sorting candidates. On random instances its answer must be
+    the general scan's, bit for bit: the general scan is reached with a catch-up price but no row
+    behind, which charges nothing. Rows with nothing to add (cap 0, rate 0) are included, and a
+    negative control checks the general scan does differ once a row is really behind."""
+    from adaptive_spec.control.goodput import _drafting_rows
+
+    rng = random.Random(3)
+    for trial in range(300):
+        batch, k_max = rng.randint(1, 12), rng.randint(1, 8)
+        requests = [RequestView(f"r{i}", 100, 200, rng.randint(0, k_max), AcceptanceHistory()) for i in range(batch)]
+        expected = []
+        for _ in range(batch):
+            rate = rng.choice([0.0, rng.uniform(0.05, 0.99)])
+            expected.append([expected_emitted([rate], k) for k in range(k_max + 1)])
+        base, cost = rng.uniform(0.1, 1.0), rng.uniform(0.1, 3.0)
+        for k in range(k_max + 1):
+            shortcut = _drafting_rows(k, requests, expected, base, cost, 0.0)
+            general = _drafting_rows(k, requests, expected, base, cost, 1e-3)
+            assert shortcut == general, (trial, k)
+    behind = [RequestView("r0", 100, 200, 4, AcceptanceHistory(), draft_behind=10_000)]
+    rates = [[expected_emitted([0.9], k) for k in range(5)]]
+    assert _drafting_rows(4, behind, rates, 0.5, 1.0, 0.0) != _drafting_rows(4, behind, rates, 0.5, 1.0, 1e-3)
+
+
 def test_joint_choice_matches_brute_force_on_random_instances():
     rng = random.Random(1)
     for trial in range(40):

@@ -101,17 +101,13 @@ class AcceptanceEstimator:
 
     def rates(self, k_max: int) -> list[float]:
         """Posterior mean a_j for j = 1..k_max."""
-        prior = self.prior.rates()
-        return [self._posterior(j, prior)[0] for j in range(k_max)]
+        return self._posterior(k_max)[0]
 
     def optimistic_rates(self, k_max: int, z: float = 1.0) -> list[float]:
         """Posterior mean plus z standard deviations: larger where evidence is thin or stale."""
-        prior = self.prior.rates()
-        out = []
-        for j in range(k_max):
-            mean, n = self._posterior(j, prior)
-            out.append(min(1.0, mean + z * math.sqrt(mean * (1 - mean) / (n + 1))))
-        return out
+        means, trials = self._posterior(k_max)
+        sqrt = math.sqrt
+        return [min(1.0, mean + z * sqrt(mean * (1 - mean) / (n + 1))) for mean, n in zip(means, trials)]
 
     def forget(self) -> None:
         """Drop this request's own evidence (back to the prior): its drafter's regime changed."""
@@ -121,12 +117,16 @@ class AcceptanceEstimator:
         """Effective trials at the first position (decays while the request does not draft)."""
         return self.trials[0] if self.trials else 0.0
 
-    def _posterior(self, j: int, prior: list[float]) -> tuple[float, float]:
-        prior_rate = prior[min(j, len(prior) - 1)]
-        if self.trials:
-            own = min(j, len(self.trials) - 1)
-            s, t = self.successes[own], self.trials[own]
-        else:
-            s = t = 0.0
-        n = t + self.prior_strength
-        return (s + self.prior_strength * prior_rate) / n, n
+    def _posterior(self, k_max: int) -> tuple[list[float], list[float]]:
+        """Per position 1..k_max: the posterior mean and its trials (own + prior). One pass over
+        lists padded with their last entry: policies ask this for every request at every step."""
+        prior, strength = self.prior.rates(), self.prior_strength
+        own_s, own_t = (self.successes, self.trials) if self.trials else ([0.0], [0.0])
+        prior, own_s, own_t = (_padded(values, k_max) for values in (prior, own_s, own_t))
+        trials = [t + strength for t in own_t]
+        return [(s + strength * p) / n for s, p, n in zip(own_s, prior, trials)], trials
+
+
+def _padded(values: list[float], length: int) -> list[float]:
+    """The first `length` values, the last one repeated where there are fewer."""
+    return values[:length] if len(values) >= length else values + [values[-1]] * (length - len(values))

@@ -34,8 +34,11 @@ _STEP_CLIP = 2.0  # one outcome moves a parameter by at most this much
 
 
 def _logit(p: float) -> float:
-    p = min(max(p, 1e-12), 1 - 1e-12)
-    return max(-_LOGIT_CLIP, min(_LOGIT_CLIP, math.log(p / (1 - p))))
+    # Comparisons, not min/max: this runs for every draft shown and every outcome learned. A NaN
+    # confidence reads as the upper bound.
+    p = 1e-12 if p < 1e-12 else (p if p < 1 - 1e-12 else 1 - 1e-12)
+    z = math.log(p / (1 - p))
+    return -_LOGIT_CLIP if z < -_LOGIT_CLIP else (z if z < _LOGIT_CLIP else _LOGIT_CLIP)
 
 
 def _sigmoid(x: float) -> float:
@@ -85,9 +88,11 @@ class ConfidenceCalibration:
         return RequestOffset(0.0, self.offset_prior_information)
 
     def predict(self, confidence: float, position: int, offset: RequestOffset | None = None) -> float:
-        j = min(position, self.positions - 1)
-        z = self.weight * _logit(confidence) + self.biases[j] + (offset.value if offset else 0.0)
-        return _sigmoid(z)
+        return _sigmoid(self._z(_logit(confidence), position, offset))
+
+    def _z(self, x: float, position: int, offset: RequestOffset | None) -> float:
+        j = position if position < self.positions else self.positions - 1
+        return self.weight * x + self.biases[j] + (offset.value if offset else 0.0)
 
     def predict_table(self, confidences: list[float], positions: int, offset: RequestOffset | None = None) -> np.ndarray:
         """predict() for every confidence at positions 0..positions-1: a (positions, n) array."""
@@ -98,10 +103,10 @@ class ConfidenceCalibration:
 
     def update(self, confidence: float, position: int, accepted: bool, offset: RequestOffset | None = None) -> None:
         """Learn one outcome: the draft at `position` with this confidence was accepted or not."""
-        predicted = self.predict(confidence, position, offset)
-        self._score(predicted, accepted, confidence)
-        j = min(position, self.positions - 1)
         x = _logit(confidence)
+        predicted = _sigmoid(self._z(x, position, offset))
+        self._score(predicted, accepted, confidence)
+        j = position if position < self.positions else self.positions - 1
         residual = (1.0 if accepted else 0.0) - predicted
         curvature = max(predicted * (1 - predicted), 1e-3)
         self.weight_information = self.weight_information * self.decay + curvature * x * x
@@ -169,7 +174,7 @@ class ConfidenceCalibration:
 
 
 def _clip(step: float) -> float:
-    return max(-_STEP_CLIP, min(_STEP_CLIP, step))
+    return -_STEP_CLIP if step < -_STEP_CLIP else (step if step < _STEP_CLIP else _STEP_CLIP)
 
 
 def _round(value: float | None) -> float | None:

@@ -231,7 +231,7 @@ class GoodputPolicy(PolicyBase):
         upper = k_max if self.config.stop_inside_step and self.host_stops_drafts else best
         ks = [max(min(upper, r.max_k), probe) if index in drafting else probe
               for index, (r, probe) in enumerate(zip(requests, probes))]
-        self._step = [_Row(state, k, state.estimator.rates(max(k, 1)), probe_k=probe)
+        self._step = [_Row(state, k, state.estimator.rates(k) if k else [], probe_k=probe)
                       for state, k, probe in zip(states, ks, probes)]
         self._unobserved[-1] = dict(zip((r.request_id for r in requests), self._step))
         return ks
@@ -241,16 +241,16 @@ class GoodputPolicy(PolicyBase):
         rows = self._step
         if len(rows) != len(confidences):  # not the step this policy chose: keep what is shown
             return [c is not None for c in confidences]
-        shown = []
+        shown, pool, predict = [], self._pool, self.calibration.predict
         for row, confidence in zip(rows, confidences):
             if confidence is None or not row.drafting:
                 row.drafting = False
                 continue
-            row.confidences.append(float(confidence))
-            row.state.confidences.append(float(confidence))
-            self._pool.append(float(confidence))
-            p = self.calibration.predict(confidence, position, row.state.offset)
-            shown.append((row, row.survival * p))
+            seen = float(confidence)
+            row.confidences.append(seen)
+            row.state.confidences.append(seen)
+            pool.append(seen)
+            shown.append((row, row.survival * predict(confidence, position, row.state.offset)))
         if not shown:
             return [False] * len(rows)
         deciding = [(row, survival) for row, survival in shown if row.probe_k <= position]
@@ -281,12 +281,13 @@ class GoodputPolicy(PolicyBase):
         # added[e]: expected tokens the shown rows add by keeping e drafts from `position` on.
         added = [0.0] * (max(top - position, 0) + 1)
         for row, survival in shown:
+            rates, last, limit = row.rates, len(row.rates) - 1, row.limit
             total, survive = 0.0, survival
             for e in range(1, len(added)):
                 j = position + e - 1  # the draft this adds
-                if j < row.limit:
+                if j < limit:
                     if j > position:
-                        survive *= row.rates[min(j, len(row.rates) - 1)]
+                        survive *= rates[j if j < last else last]
                     total += survive
                 added[e] += total
         # A probe drafting on keeps the step's verify at least that long: shorter endings save nothing.
@@ -442,7 +443,7 @@ class GoodputPolicy(PolicyBase):
             # After a fully accepted probe the next probe is due at once: probes chain until the
             # evidence they add makes drafting pay by itself.
             row_due = (state.resume or state.steps_off >= state.probe_interval) and request.max_k >= 1
-            own_length = min(self._probe_length(state, costs), request.max_k)
+            own_length = min(self._probe_length(state, costs), request.max_k) if row_due else 0
             # A probe that needs a catch-up probes alone, and waits until the row's time without
             # speculation pays at the budget for all the batch pays for it: the catch-up and the
             # probe's own step. A row's share of a batch step is 1 / batch of it, so the batch's
@@ -507,6 +508,20 @@ def _drafting_rows(k: int, requests: Sequence[RequestView], expected: list[list[
         return tokens / max(base, 1e-12), [], 0.0
     increment = max(cost - base, 0.0)
     first, per_row = increment * share[0], increment * share[1]
+    if not per_row and not seconds_per_behind:
+        # Every row drafts for free once one does (the common case): the prefix scan below, in
+        # row order, without building and sorting the candidates.
+        seconds, adding, best, best_n = max(base + first, 1e-12), [], None, 0
+        for index, (request, rows) in enumerate(zip(requests, expected)):
+            added = rows[k if k < request.max_k else request.max_k] - rows[0]
+            if added > 0:
+                tokens += added
+                adding.append(index)
+                if best is None or tokens / seconds > best:
+                    best, best_n = tokens / seconds, len(adding)
+        if best is None:
+            return tokens / max(cost, 1e-12), [], 0.0
+        return best, adding[:best_n], 0.0
     candidates = []
     for index, (request, rows) in enumerate(zip(requests, expected)):
         own_k = min(k, request.max_k)
