@@ -505,6 +505,42 @@ def test_a_saved_acceptance_state_warm_starts_goodput_through_the_profile(tmp_pa
         assert load_acceptance(saved) is None
 
 
+def test_simulate_warm_start_starts_goodput_from_the_saved_state(tmp_path, capsys):
+    """`simulate --warm-start` runs goodput as the engine runs it with a profile that has a saved
+    state beside it: here a state learned on code makes the first request's steps draft deeper
+    than a cold start does (control: `--warm-start none` is the cold run). A missing or foreign
+    file named explicitly is an error; `auto` without a file beside the profile runs cold."""
+    from adaptive_spec.cli import main
+    from adaptive_spec.profiling.profile_file import acceptance_path
+
+    code_trace = str(ROOT / "traces" / "qwen-coder-code-t0.csv")
+    profile_path = tmp_path / "machine.json"
+    profile_path.write_text(json.dumps(CPU_PROFILE))
+    saved = acceptance_path(profile_path)
+
+    def run(*extra) -> dict:
+        assert main(["simulate", "--trace", code_trace, "--profile", str(profile_path), "--policy", "goodput",
+                     "--num-requests", "1", *extra]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    cold_auto = run("--warm-start", "auto")  # nothing beside the profile yet: a cold start
+    assert "warm_start" not in cold_auto
+    assert main(["simulate", "--trace", code_trace, "--profile", str(profile_path), "--policy", "goodput",
+                 "--save-acceptance", str(saved)]) == 0
+    capsys.readouterr()
+    cold, warm = run("--warm-start", "none"), run("--warm-start", "auto")
+    assert cold == {**cold_auto, "wall_seconds": cold["wall_seconds"]}
+    assert warm["warm_start"] is True and "warm_start" not in cold
+    assert warm["steps"] < cold["steps"]  # the saved state knows the drafter agrees on code
+    assert run("--warm-start", str(saved))["steps"] == warm["steps"]
+    base = ["simulate", "--trace", code_trace, "--profile", str(profile_path), "--warm-start"]
+    assert main([*base, str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "foreign.json").write_text('{"format": "something else"}')
+    with pytest.warns(UserWarning):
+        assert main([*base, str(tmp_path / "foreign.json")]) == 2
+    assert "not an acceptance state" in capsys.readouterr().err
+
 def test_simulate_reports_calibration_quality():
     from adaptive_spec.simulation.trace_file import load_trace
 

@@ -62,6 +62,10 @@ def add_trace_commands(subparsers) -> None:
     sim.add_argument("--save-acceptance", default=None, metavar="FILE",
                      help="after a goodput run, save its learned acceptance prior and calibration here; saved "
                           "as PROFILE's `<name>.acceptance.json`, `--profile auto` starts goodput from it")
+    sim.add_argument("--warm-start", default="none", metavar="{none,auto,FILE}",
+                     help="start goodput from a saved acceptance state, as the engine does from beside its profile: "
+                          "auto = PROFILE's `<name>.acceptance.json` if there is one, FILE = that file (an error if it "
+                          "is missing or malformed), none = learn from the usual prior")
     sim.add_argument("--max-k", type=int, default=16, help="cap on any k, as the engine's max_k")
     sim.add_argument("--host", choices=("auto", "hf", "vllm"), default="auto",
                      help="whose step loop to imitate: hf (this project's engine: stops drafts inside the step, the "
@@ -83,20 +87,21 @@ def run_simulate(args) -> int:
         clock_profile = load_profile(args.clock_profile) if args.clock_profile else None
     except ProfileError as error:
         raise ValueError(str(error)) from None
+    warm_start = _warm_start(args.warm_start, args.profile)
     batch = args.batch_size if args.batch_size is not None else (64 if args.rate is not None else 1)
     host = args.host if args.host != "auto" else profile_engine(profile)
     policies = [p.strip() for p in (args.policies or "").split(",") if p.strip()] or [args.policy]
     if args.save_acceptance:
         if args.policies or args.rate is not None:
             raise ValueError("--save-acceptance takes one goodput --policy, closed loop")
-        policies = [_learning_policy(args.policy, profile)]
+        policies = [_learning_policy(args.policy, profile, warm_start)]
     reports = []
     for policy in policies:
         try:
             report = simulate(traces, profile, policy, batch_size=batch, rate=args.rate,
                               num_requests=args.num_requests, seed=args.seed, max_k=args.max_k,
                               prefill_seconds_per_token=args.prefill_seconds_per_token, host=host,
-                              clock_profile=clock_profile)
+                              clock_profile=clock_profile, warm_start=warm_start)
         except ProfileError as error:
             raise ValueError(str(error)) from None
         report["traces"] = list(args.trace)
@@ -127,14 +132,36 @@ def run_simulate(args) -> int:
     return 0
 
 
-def _learning_policy(spec: str, profile: dict):
-    """The policy object of a --save-acceptance run: it must have a state to save."""
+def _warm_start(choice: str, profile_path: str) -> dict | None:
+    """The goodput state `--warm-start` names (see its help)."""
+    from ..profiling.profile_file import acceptance_path, load_acceptance
+
+    if choice == "none":
+        return None
+    path = acceptance_path(profile_path) if choice == "auto" else Path(choice)
+    if choice == "auto" and not path.is_file():
+        print(f"[no acceptance state beside the profile ({path.name}): goodput starts cold]", file=sys.stderr)
+        return None
+    if not path.is_file():
+        raise ValueError(f"--warm-start: no such file {str(path)!r}")
+    state = load_acceptance(path)
+    if state is None:
+        raise ValueError(f"--warm-start: {str(path)!r} is not an acceptance state (see --save-acceptance)")
+    print(f"[acceptance warm start: {path}]", file=sys.stderr)
+    return state
+
+
+def _learning_policy(spec: str, profile: dict, warm_start: dict | None):
+    """The policy object of a --save-acceptance run: it must have a state to save (learned on top of
+    `warm_start`, if given)."""
     from ..control import make_policy
     from ..simulation.simulator import cost_model_from
 
     policy = make_policy(spec, cost_model=cost_model_from(profile))
     if not hasattr(policy, "state"):
         raise ValueError(f"--save-acceptance needs a policy that learns acceptance (goodput), not {spec!r}")
+    if warm_start:
+        policy.load_state(warm_start)
     return policy
 
 

@@ -160,9 +160,12 @@ def simulate(
     prefill_seconds_per_token: float = 0.0,
     host: str = "hf",
     clock_profile: Mapping[str, Any] | None = None,
+    warm_start: Mapping[str, Any] | None = None,
 ) -> dict:
     """Simulate one policy; returns the report dict (see the module docstring). `clock_profile`: the
-    machine the steps run on, when it is not the one `profile` (the policy's) describes."""
+    machine the steps run on, when it is not the one `profile` (the policy's) describes.
+    `warm_start`: a saved goodput state (`GoodputPolicy.state()`) that a policy built here by name
+    starts from, as the engine's `--profile` loads it from beside a profile; None starts cold."""
     started = time.perf_counter()
     if not traces:
         raise ValueError("no trace requests to simulate")
@@ -182,13 +185,17 @@ def simulate(
     if ceiling:
         policy_obj = None
     else:
-        policy_obj = make_policy(policy, cost_model=cost_model_from(profile))
+        policy_costs = cost_model_from(profile)
+        policy_costs.warm_start = dict(warm_start) if warm_start else None
+        policy_obj = make_policy(policy, cost_model=policy_costs)
     sims = _requests(traces, n_req, seed)
     base = {"policy": ceiling or policy_obj.name, "batch_size": batch_size, "rate": rate,
             "num_requests": n_req, "seed": seed, "max_k": max_k,
             "prefill_seconds_per_token": prefill_seconds_per_token, "host": host}
     if clock_profile is not None:
         base["clock_profile"] = clock_profile.get("name")
+    if warm_start and policy_obj is not None and hasattr(policy_obj, "load_state"):
+        base["warm_start"] = True
     if ceiling == "oracle" and batch_size > 1:
         report = _oracle_bound(sims, clock, batch_size, max_k)
         report["wall_seconds"] = round(time.perf_counter() - started, 4)
