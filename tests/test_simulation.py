@@ -546,3 +546,4 @@ def test_trace_cli_records_a_self_describing_file(tmp_path, tiny_model_dirs):
     meta = load_trace(out).meta
     assert meta["workload"] == "tiny" and meta["sampling"]["temperature"] == 0.7 and meta["target"] == target_dir
     assert meta["prompt_ids"] == ["prompt-0", "prompt-1"] and meta["drafter"] == "model"
+    assert meta["draft_dtype"] == "int8" and meta["cpu_linear"] == "onednn"  # the defaults under an fp32 target

@@ -181,7 +181,7 @@ def _cell(value, width: int) -> str:
 
 def run_trace(args) -> int:
     from ..assets import load_sharegpt
-    from .common import encode_all, gather_prompts, load_models, sampling_params, stop_ids
+    from .common import draft_precision, encode_all, gather_prompts, load_models, sampling_params, stop_ids
 
     prompts = []
     if args.prompt or args.prompts or args.humaneval:
@@ -202,7 +202,9 @@ def run_trace(args) -> int:
     sources = sorted({p.source for p in prompts})
     meta = {"target": loaded.target_name, "draft": loaded.draft_name,
             "workload": args.workload or "+".join(sources), "prompt_sources": sources,
-            "chat_template": not args.no_chat}
+            "chat_template": not args.no_chat, "cpu_linear": args.cpu_linear}
+    if loaded.draft_model is not None:  # the draft's precision moves its confidences and acceptance
+        meta["draft_dtype"] = draft_precision(args)
     trace = record_trace(loaded.target, loaded.draft, ids, params, [p.id for p in prompts], meta,
                          policy=args.gen_policy, max_batch_size=args.gen_batch_size, seed=args.seed,
                          progress=lambda i, n: print(f"teacher-forced {i}/{n}", file=sys.stderr))

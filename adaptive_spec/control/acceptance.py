@@ -122,7 +122,7 @@ class AcceptanceEstimator:
         lists padded with their last entry: policies ask this for every request at every step."""
         prior, strength = self.prior.rates(), self.prior_strength
         own_s, own_t = (self.successes, self.trials) if self.trials else ([0.0], [0.0])
-        prior, own_s, own_t = (_padded(values, k_max) for values in (prior, own_s, own_t))
+        prior, own_s, own_t = _padded(prior, k_max), _padded(own_s, k_max), _padded(own_t, k_max)
         trials = [t + strength for t in own_t]
         return [(s + strength * p) / n for s, p, n in zip(own_s, prior, trials)], trials
 
