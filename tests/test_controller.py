@@ -236,6 +236,7 @@ def _probe_due(policy, views, rows):
     for index, view in enumerate(views):
         state = policy._requests[view.request_id]
         state.steps_off = state.probe_interval if index in rows else 0
+    policy._since_probe_step = policy._probe_step_interval  # nor has the batch probed for a while
 
 
 def test_rows_beside_a_probe_keep_drafts_that_cost_nothing_more():
@@ -445,6 +446,71 @@ def test_negative_control_the_old_rule_stays_off():
     policy.ks = []
     simulate(traces, profile, policy, batch_size=1)
     assert all(k == 0 for k in policy.ks[300:])
+
+
+class _StepKinds(GoodputPolicy):
+    """Records each step's kind: D (rows drafting by choice), P (probes alone), . (neither)."""
+
+    def choose(self, requests):
+        ks = super().choose(requests)
+        self.kinds = getattr(self, "kinds", "") + ("D" if self._batch_k else "P" if any(ks) else ".")
+        return ks
+
+
+class _EveryFullProbeCounts(_StepKinds):
+    """Control: every fully accepted probe chains a probe on the next step, as before the batch rule."""
+
+    @staticmethod
+    def _full_probes(step, outcomes):
+        return {o.request_id for o in outcomes if (row := step.get(o.request_id)) is not None and row.probe_k
+                and o.k and o.accepted >= min(row.probe_k, o.k)}
+
+
+class _NoBatchBackOff(_StepKinds):
+    """Control: steps of probes alone go whenever any row's own interval says so."""
+
+    def _batch_may_probe(self, due, chained, lengths, costs, drafting):
+        return True
+
+
+def _against_off(policy_class, traces, batch):
+    policy = policy_class(cost_model_from(CPU_PROFILE))
+    ours = simulate(traces, CPU_PROFILE, policy, batch_size=batch)["tokens_per_s"]
+    return policy.kinds, ours / simulate(traces, CPU_PROFILE, "off", batch_size=batch)["tokens_per_s"]
+
+
+@pytest.mark.parametrize("batch", [4, 16])
+def test_chance_successes_of_a_mediocre_drafter_do_not_chain_probe_steps(batch):
+    """A drafter each of whose drafts is accepted with probability 0.5 does not pay on the CPU
+    profile (a 1-draft step costs 1.7-2.2x one without). In a step of probes alone at batch 16,
+    some probe is fully accepted by chance almost every time (1 - 2^-16); counting each as the
+    drafter agreeing again chained probe steps without end (the control: 51 back-to-back probe
+    steps, 0.84x plain decoding). Such a full probe now counts only if the step paid for itself
+    or every probe was full: at most 2 back-to-back probe steps, and >= 0.95x plain decoding.
+    Deterministic (the simulator's seeded uniforms)."""
+    n = 300
+    traces = [RequestTrace(f"r{i}", 100, np.full(n, 0.5), np.full(n, 0.5), np.zeros(n, dtype=np.int64))
+              for i in range(batch)]
+    kinds, ratio = _against_off(_StepKinds, traces, batch)
+    assert "P" in kinds and kinds.count("PP") <= 2 and ratio >= 0.95
+    control, control_ratio = _against_off(_EveryFullProbeCounts, traces, batch)
+    assert control.count("PP") >= 5 and control_ratio < ratio
+
+
+@pytest.mark.parametrize("batch", [4, 16])
+def test_arrivals_do_not_make_a_batch_probe_every_probe_interval(batch):
+    """A useless drafter and requests of staggered lengths, so one joins every few steps with its
+    own fresh probe interval: without a back-off for the batch (the control) a step of probes
+    alone comes every 8-16 steps forever. With it they back off as one row's probes do, to the
+    interval where they cost 3% of the time at k = 0: under 5% of the steps probe, and goodput
+    stays >= 0.96x plain decoding."""
+    lengths = [40 + (37 * i) % 160 for i in range(4 * batch)]
+    traces = [RequestTrace(f"r{i}", 100, np.zeros(n), np.full(n, 0.9), np.zeros(n, dtype=np.int64))
+              for i, n in enumerate(lengths)]
+    kinds, ratio = _against_off(_StepKinds, traces, batch)
+    assert 0 < kinds.count("P") <= 0.05 * len(kinds) and ratio >= 0.96
+    control, control_ratio = _against_off(_NoBatchBackOff, traces, batch)
+    assert control.count("P") >= 1.8 * kinds.count("P") and control_ratio < ratio
 
 
 # --- cost model: catch-up is its own cost ---------------------------------------------------------

@@ -42,9 +42,15 @@ K = 0 is never absorbing:
 - probes share their step: a step's verify follows its longest draft, so the rows at k = 0 that
   have nothing to catch up probe beside a due probe at its length (and back off with it), and the
   in-step rule keeps other rows' drafts up to a probe's length, where dropping them saves nothing;
+- at batch > 1 a step of probes alone (no row drafts by choice) costs the whole batch, so such
+  steps also back off for the batch (`_batch_may_probe`): arrivals, each with its own fresh
+  interval, would otherwise make a batch whose drafter does not pay probe every `probe_interval`;
 - a probe whose drafts were all accepted is read as a changed regime: the request's old evidence is
   dropped, its interval reset, and it probes again on the next step, so drafting resumes at once
-  and goes on until the new evidence makes it pay by itself (or a probe fails);
+  and goes on until the new evidence makes it pay by itself (or a probe fails). In a step of probes
+  alone this holds only if every probe was full or the step emitted what its time would have at
+  K = 0 (`_full_probes`): at batch 64 a mediocre drafter's 1-draft probes always have some chance
+  successes, which would chain probe steps without end;
 - the shared prior forgets at 0.98 per outcome, so a bad phase fades from it within ~50 outcomes.
 The draft cache's catch-up after steps without speculation is timed as its own cost in the cost
 model (not folded into the per-token draft cost). In our engine it is a token or two per row plus
@@ -160,6 +166,7 @@ class _Row:
     limit: int  # most drafts this row may make
     rates: list[float]  # estimator rates for positions not drafted yet
     probe_k: int = 0  # > 0: a probe, which keeps this many drafts whatever the forecast
+    probe_bar: float = 0.0  # in a step of probes alone: the tokens it must emit to pay for itself
     confidences: list[float] = field(default_factory=list)
     survival: float = 1.0  # P(every kept draft accepted)
     expected: float = 1.0  # E[emitted] with the kept drafts
@@ -189,6 +196,8 @@ class GoodputPolicy(PolicyBase):
         self.rate_ema: float | None = None  # tokens per predicted second of recent steps
         self._pool: deque = deque(maxlen=2 * _RECENT)  # recent draft confidences of all requests
         self._options: tuple | None = None  # option-stopping tables of the step being drafted
+        # Steps since the batch last ran probes alone, and the interval such steps wait (batch > 1).
+        self._since_probe_step, self._probe_step_interval = 0, self.config.probe_interval
 
     # --- decision 1: draft at all? -----------------------------------------------------------
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
@@ -228,10 +237,12 @@ class GoodputPolicy(PolicyBase):
         # step follows its drafted tokens (vLLM), the whole increment where it follows its longest draft.
         probe_costs = [costs[0]] + [costs[0] + (cost - costs[0]) * share[0] for cost, share in zip(costs[1:], shares[1:])]
         probes = self._probes(requests, states, probe_costs, probe_catch_up, drafting)
+        # A step of probes alone pays for itself if it emits what its time would have at K = 0.
+        bar = len(requests) * probe_costs[max(probes)] / costs[0] if not drafting and any(probes) and costs[0] > 0 else 0.0
         upper = k_max if self.config.stop_inside_step and self.host_stops_drafts else best
         ks = [max(min(upper, r.max_k), probe) if index in drafting else probe
               for index, (r, probe) in enumerate(zip(requests, probes))]
-        self._step = [_Row(state, k, state.estimator.rates(k) if k else [], probe_k=probe)
+        self._step = [_Row(state, k, state.estimator.rates(k) if k else [], probe_k=probe, probe_bar=bar if probe else 0.0)
                       for state, k, probe in zip(states, ks, probes)]
         self._unobserved[-1] = dict(zip((r.request_id for r in requests), self._step))
         return ks
@@ -349,6 +360,7 @@ class GoodputPolicy(PolicyBase):
         if lag >= 0:
             while len(self._unobserved) > lag:
                 self._unobserved.popleft()
+        full = self._full_probes(step, record.outcomes)
         for outcome in record.outcomes:
             state = self._requests.get(outcome.request_id)
             if state is None:
@@ -357,14 +369,15 @@ class GoodputPolicy(PolicyBase):
             probe_k = row.probe_k if row is not None else 0
             if row is not None:
                 self._learn_calibration(row, outcome.k, outcome.accepted)
-            if outcome.k and probe_k and outcome.accepted >= min(probe_k, outcome.k):
+            good_probe = outcome.request_id in full
+            if good_probe:
                 state.estimator.forget()  # the drafter agrees again: the bad phase is over
                 state.resume = True
             state.estimator.update(outcome.k, outcome.accepted)
             if outcome.k:
                 self.prior.update(outcome.k, outcome.accepted)
                 state.steps_off = 0
-                if not probe_k or outcome.accepted >= min(probe_k, outcome.k):
+                if not probe_k or good_probe:
                     # drafting by choice, or a good probe: probing starts over from the base interval
                     state.probing = False
                     state.probe_interval = self.config.probe_interval
@@ -372,6 +385,26 @@ class GoodputPolicy(PolicyBase):
                 state.steps_off += 1
         if not self._unobserved:
             self._step = []
+
+    @staticmethod
+    def _full_probes(step: dict, outcomes) -> set[str]:
+        """The requests whose probe was fully accepted and counts as the drafter agreeing again.
+
+        In a step of probes alone (`probe_bar`), where every row probes at once and the batch pays
+        for it, a full probe counts only if every probe was full or the step paid for itself: at
+        batch 64 some of a mediocre drafter's one-draft probes are always accepted by chance, and
+        counting them would chain probe steps that cost the batch more than it gains, without end."""
+        full, probes, bar = set(), 0, 0.0
+        for outcome in outcomes:
+            row = step.get(outcome.request_id)
+            if row is None or not row.probe_k:
+                continue
+            probes, bar = probes + 1, max(bar, row.probe_bar)
+            if outcome.k and outcome.accepted >= min(row.probe_k, outcome.k):
+                full.add(outcome.request_id)
+        if bar and len(full) < probes and sum(o.emitted for o in outcomes) < bar:
+            return set()
+        return full
 
     def _learn_calibration(self, row: _Row, k: int, accepted: int) -> None:
         """Positions up to the first rejection were tested; those after it were not."""
@@ -431,7 +464,7 @@ class GoodputPolicy(PolicyBase):
         length, for nothing. Probing rows one at a time would make the whole batch pay a drafting
         step for each row's probe (at batch 6 on the vLLM CPU profile a 1-draft step costs 1.7x
         one without), and the back-off, counted per row, would not bound what the batch pays."""
-        due, lengths = [], []
+        due, lengths, chained = [], [], []
         # Where a host chooses again before it reports a step (vLLM), a row whose drafts are still
         # unverified waits for their outcome: probing it again would read the wait as a failed probe.
         in_flight = {request_id for step in list(self._unobserved)[:-1] for request_id, row in step.items() if row.limit}
@@ -451,9 +484,12 @@ class GoodputPolicy(PolicyBase):
             spent = catch_up + costs[own_length] - costs[0]
             if row_due and catch_up and spent > self.config.probe_budget * state.steps_off * costs[0] / len(requests):
                 row_due = False
+            chained.append(row_due and state.resume)
             state.resume = False
             due.append(row_due)
             lengths.append(own_length)
+        if not self._batch_may_probe(due, chained, lengths, costs, bool(drafting)):
+            return [0] * len(requests)
         if any(due):
             length = max(k for k, row_due in zip(lengths, due) if row_due)
             for index, (request, catch_up) in enumerate(zip(requests, catch_ups)):
@@ -466,6 +502,30 @@ class GoodputPolicy(PolicyBase):
                     state.probe_interval = min(2 * state.probe_interval, self._longest_interval(costs, k))
                 state.probing = True
         return [k if row_due else 0 for k, row_due in zip(lengths, due)]
+
+    def _batch_may_probe(self, due: list[bool], chained: list[bool], lengths: list[int], costs: list[float],
+                         drafting: bool) -> bool:
+        """Whether the rows due may probe in a step that has no drafting row (batch > 1).
+
+        Such a step costs the whole batch, and every row has its own interval, reset as it joins:
+        arrivals alone would make a batch whose drafter does not pay probe every `probe_interval`
+        steps (a 1-draft step costs 1.7-2.2x one without on the CPU profiles). So these steps back
+        off for the batch as a row's probes do for it, from `probe_interval` up to the interval
+        where they cost `probe_budget` of the time without speculation; drafting by choice resets
+        it. Probes chained after a probe that counted (`_full_probes`) go at once. At batch 1 the
+        row's own back-off is the batch's."""
+        self._since_probe_step += 1
+        if drafting:
+            self._probe_step_interval = self.config.probe_interval
+        if drafting or not any(due) or len(due) == 1:
+            return True
+        if not any(chained):
+            if self._since_probe_step < self._probe_step_interval:
+                return False
+            length = max(k for k, row_due in zip(lengths, due) if row_due)
+            self._probe_step_interval = min(2 * self._probe_step_interval, self._longest_interval(costs, length))
+        self._since_probe_step = 0
+        return True
 
     def _longest_interval(self, costs: list[float], k: int) -> int:
         """The back-off's ceiling: long enough that probing a useless drafter costs at most
