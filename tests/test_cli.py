@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -263,3 +265,18 @@ def test_profile_auto_never_picks_a_vllm_profile_for_this_engine(tmp_path, monke
     assert common.find_profile(loaded).name == "b-hf.json"
     (tmp_path / "b-hf.json").unlink()
     assert common.find_profile(loaded) is None
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`adaptive-spec simulate ... | head -1`: once the reader has gone, writing fails; the command
+    stops with the shell's status for it (141) and no traceback. The reader here leaves before the
+    first line, so the write must fail: 141 shows the failure happened and was handled."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-c", "import sys; from adaptive_spec.cli import main; sys.exit(main())",
+               "simulate", "--trace", str(root / "traces/qwen-coder-code-t0.csv"),
+               "--profile", str(root / "profiles/cpu-2core-qwen-coder-fp32-int8draft.json"), "--policy", "static:2"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
+    process.stdout.close()
+    errors = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, errors
+    assert "Traceback" not in errors
