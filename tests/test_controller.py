@@ -458,12 +458,14 @@ class _StepKinds(GoodputPolicy):
 
 
 class _EveryFullProbeCounts(_StepKinds):
-    """Control: every fully accepted probe chains a probe on the next step, as before the batch rule."""
+    """Control: steps of probes alone carry no bar to pay, so every fully accepted probe chains a
+    probe on the next step, as before the batch rule."""
 
-    @staticmethod
-    def _full_probes(step, outcomes):
-        return {o.request_id for o in outcomes if (row := step.get(o.request_id)) is not None and row.probe_k
-                and o.k and o.accepted >= min(row.probe_k, o.k)}
+    def choose(self, requests):
+        ks = super().choose(requests)
+        for row in self._step:
+            row.probe_bar = 0.0
+        return ks
 
 
 class _NoBatchBackOff(_StepKinds):
