@@ -190,6 +190,36 @@ def test_an_unknown_policy_is_a_clear_error():
         ControllerSettings("fastest").build()
 
 
+def test_an_acceptance_state_beside_the_profile_warm_starts_the_plug_ins_goodput(tmp_path):
+    """As `--profile` does for our engine: `<profile>.acceptance.json` (from `simulate --save-acceptance`)
+    starts the plug-in's goodput from its prior and calibration; without one (the control) goodput
+    starts from the usual 0.6 prior; a malformed one warns and is ignored."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from adaptive_spec.control import make_policy
+    from adaptive_spec.profiling.profile_file import acceptance_path, save_acceptance
+
+    root = Path(__file__).resolve().parents[2]
+    profile = tmp_path / "vllm-host.json"
+    shutil.copy(root / "profiles" / "cpu-2core-vllm-qwen-coder-fp32.json", profile)
+    cold, _ = ControllerSettings("goodput", str(profile)).build()
+    assert cold.prior.rates()[0] == pytest.approx(0.6)
+    learned = make_policy("goodput", CostModel.default())
+    for _ in range(40):  # a drafter whose first two drafts are nearly always accepted
+        learned.prior.update(4, 3)
+    learned.calibration.weight = 1.7
+    save_acceptance(acceptance_path(profile), learned.state(), {"test": True})
+    warm, cost_model = ControllerSettings("goodput", str(profile)).build()
+    assert cost_model.warm_start is not None
+    assert warm.prior.rates()[0] > 0.9 and warm.calibration.weight == pytest.approx(1.7)
+    acceptance_path(profile).write_text(json.dumps({"format": "something else"}))
+    with pytest.warns(UserWarning, match="ignoring acceptance state"):
+        ignored, _ = ControllerSettings("goodput", str(profile)).build()
+    assert ignored.prior.rates()[0] == pytest.approx(0.6)
+
+
 def test_goodput_without_a_profile_learns_costs_online():
     policy, cost_model = ControllerSettings("goodput").build()
     assert policy.name == "goodput" and cost_model is not None and cost_model.is_default

@@ -39,7 +39,7 @@ from ...assets import encode_prompt
 from ...control.cost_model import CostModel
 from ...control.registry import make_policy
 from ...profiling.profile_file import load_profile
-from .controller import SpecController
+from .controller import ControllerSettings, SpecController
 from .engine import EngineSpec, make_llm
 
 VLLM_TABLE = [(1, 1, 4), (2, 3, 3), (4, 7, 2), (8, 8, 1), (9, 1024, 0)]
@@ -185,8 +185,8 @@ def _controller(config: str, profile: str | None = None) -> SpecController | Non
         return None
     if config.startswith("vllm-"):
         return SpecController(make_policy("off"))  # vLLM chooses; this one only counts acceptance
-    cost_model = CostModel.from_profile(load_profile(profile)) if profile else CostModel.default()
-    return SpecController(make_policy(config, cost_model), cost_model)
+    policy, cost_model = ControllerSettings(config, profile).build()  # as the plug-in builds it in a server
+    return SpecController(policy, cost_model)
 
 
 def _activate(scheduler, config: str, controller: SpecController | None) -> None:
@@ -293,8 +293,8 @@ def _print_table(rows) -> None:
 
 
 def _profile_path(args) -> str | None:
-    """A vLLM profile file for our policies' cost model; 'auto' and 'none' mean learn online (the
-    committed profiles time this project's engine, not vLLM)."""
+    """A vLLM profile file for our policies' cost model (its acceptance state beside it, if any, warm-
+    starts goodput); 'auto' and 'none' mean learn costs online: a vLLM profile is passed by path."""
     return None if args.profile in ("auto", "none") else args.profile
 
 

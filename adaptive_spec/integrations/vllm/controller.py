@@ -83,16 +83,19 @@ class ControllerSettings:
         """The policy and the cost model it reads (None for policies that read none).
 
         A missing or corrupt profile raises `ProfileError` naming the file; a bad policy name
-        raises ValueError listing the known ones."""
+        raises ValueError listing the known ones. An acceptance state saved beside the profile
+        (`<profile>.acceptance.json`, written by `simulate --save-acceptance`) warm-starts goodput,
+        as `--profile` does for this project's engine; a malformed one warns and is ignored."""
         built: list[CostModel] = []
 
         def cost_model() -> CostModel:  # loaded only for a policy that reads costs
             if self.profile is None:
                 model = CostModel.default()
             else:
-                from ...profiling.profile_file import load_profile
+                from ...profiling.profile_file import acceptance_path, load_acceptance, load_profile
 
                 model = CostModel.from_profile(load_profile(self.profile))
+                model.warm_start = load_acceptance(acceptance_path(self.profile))
             built.append(model)
             return model
 
