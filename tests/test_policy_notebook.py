@@ -32,4 +32,5 @@ def test_policy_notebook_executes_on_the_committed_traces(monkeypatch):
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert "fraction of the oracle" in text and "goodput" in text and "oracle" in text
     assert "request-static-oracle" in text and "confidence-oracle" in text  # the ceilings beside the policies
+    assert "goodput / confidence-bound" in text  # batch 1: what the draft's confidence can buy
     assert [o for o in outputs if "image/png" in o.get("data", {})]

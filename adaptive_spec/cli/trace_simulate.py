@@ -24,7 +24,9 @@ __all__ = ["add_trace_commands", "run_trace", "run_simulate"]
 CEILINGS_HELP = """ceilings (policy names the simulator builds from the traces themselves):
   oracle                 hindsight-best k per step from the realised outcomes (exact at batch 1, a bound above)
   request-static-oracle  each request's best fixed k in hindsight, run through the batch loop
-  confidence-oracle      per step, the K of best expected goodput from the trace's true acceptance probabilities"""
+  confidence-oracle      per step, the K of best expected goodput from the trace's true acceptance probabilities
+  confidence-bound       batch 1: least expected time with acceptance read off the draft's confidence through
+                         the best map in hindsight, future confidences known (what that signal can buy, at most)"""
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -1,4 +1,4 @@
-"""Acceptance traces, a trace-driven simulator, the hindsight oracle and two more ceilings.
+"""Acceptance traces, a trace-driven simulator, the hindsight oracle and three more ceilings.
 
 Everything here is pure numpy/pandas (no torch) except `recorder`, which runs models and is
 imported only when a trace is recorded.
@@ -7,8 +7,9 @@ imported only when a trace is recorded.
 - `replay`: the replay semantics (one uniform per position, leading runs, caps).
 - `simulator`: `simulate(traces, profile, policy, batch_size=..., rate=..., ...)`.
 - `oracle`: the hindsight DP (exact at batch size 1) and the batch upper bound.
-- `ceilings`: `request-static-oracle` (each request's best fixed k in hindsight) and
-  `confidence-oracle` (each step's best expected goodput from the true acceptance probabilities).
+- `ceilings`: `request-static-oracle` (each request's best fixed k in hindsight),
+  `confidence-oracle` (each step's best expected goodput from the true acceptance probabilities) and
+  `confidence-bound` (batch 1: what the draft's confidence can buy a policy, at most).
 """
 
 from .oracle import dp_schedule

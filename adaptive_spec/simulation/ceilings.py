@@ -37,6 +37,18 @@ it maximises each step's expected goodput, not the expected total time. With 0/1
 (greedy traces) it knows the outcomes, E_i(k) = min(k, run_i) + 1, and at batch 1 it comes close
 to the hindsight oracle, which it cannot beat (that one is the exact optimum over all schedules).
 Ties go to the smaller K.
+
+``confidence-bound`` (batch 1): what the draft's confidence can buy, at most. A policy that reads
+the draft's confidence learns a map from confidence to acceptance and sees each draft's confidence
+only after paying the draft forward that shows it. This ceiling is given both for free: the best
+map in hindsight (`hindsight_calibration`: the mean acceptance probability of the simulated
+traces' positions in each confidence bin, fit on those very positions) and every future
+confidence before the step starts. With acceptance so estimated it plays the schedule of least
+expected time (`expected_schedule`). It is no strict bound, since a policy could read signals other
+than the confidence, or learn a finer map, but in the simulator the confidence is the only signal
+a policy sees, and a policy that saw the draws themselves would be the hindsight oracle. On greedy
+traces, where the confidence oracle knows the outcomes, it is the ceiling that says how far the
+draft's own signal can take a policy.
 """
 
 from __future__ import annotations
@@ -47,7 +59,8 @@ import numpy as np
 
 from ..control.policy import RequestView, StepRecord
 
-__all__ = ["static_seconds", "request_static_policy", "RequestStaticPolicy", "ConfidenceOraclePolicy"]
+__all__ = ["static_seconds", "request_static_policy", "RequestStaticPolicy", "ConfidenceOraclePolicy",
+           "expected_schedule", "hindsight_calibration"]
 
 
 def static_seconds(run: np.ndarray, prompt_length: int, cost_row: Callable[[int], np.ndarray],
@@ -119,3 +132,48 @@ class ConfidenceOraclePolicy:
 
     def observe(self, record: StepRecord) -> None:
         pass
+
+
+def expected_schedule(accept_prob: np.ndarray, prompt_length: int, cost_row: Callable[[int], np.ndarray],
+                      max_k: int) -> tuple[float, np.ndarray]:
+    """(expected seconds of one request's steps, best k per position) when a draft covering position
+    t is accepted with probability accept_prob[t], independently of the others (as `replay` draws it):
+
+        V(n) = 0,   V(t) = min over k of  cost(prompt + t, k) + sum over m = 0..k of P_t,k(m) V(t + m + 1)
+
+    P_t,k(m) is the chance a step of k drafts from t accepts exactly m of them. Since the draws are
+    independent, the position a request has reached is all a policy that does not see them can use:
+    none expects less time. With 0/1 probabilities (greedy traces) this is `oracle.dp_schedule`.
+    With S_m = accept_prob[t] ... accept_prob[t + m - 1], the sum for k + 1 drafts is the one for k
+    plus S_(k+1) (V(t + k + 2) - V(t + k + 1)), so each position costs one pass over its k."""
+    probs = np.asarray(accept_prob, dtype=float)
+    n = len(probs)
+    value = np.zeros(n + 1)
+    best = np.zeros(n, dtype=np.int64)
+    for t in range(n - 1, 0, -1):
+        m = min(max_k, n - t - 1)
+        survive = np.cumprod(probs[t:t + m])  # S_1 .. S_m
+        future = value[t + 1] + np.concatenate(([0.0], np.cumsum(survive * np.diff(value[t + 1:t + m + 2]))))
+        candidates = cost_row(prompt_length + t)[: m + 1] + future
+        j = int(np.argmin(candidates))
+        value[t], best[t] = candidates[j], j
+    return float(value[1]) if n > 1 else 0.0, best
+
+
+def hindsight_calibration(confidences: Sequence[np.ndarray], accept_probs: Sequence[np.ndarray],
+                          bins: int = 20) -> Callable[[np.ndarray], np.ndarray]:
+    """The map from a draft's confidence to its acceptance probability that fits these requests best
+    in hindsight: quantile bins of the confidence over their positions 1.. (position 0 comes from
+    prefill) and each bin's mean acceptance probability. Returns the map, for arrays of confidences."""
+    conf = np.concatenate([np.asarray(c, dtype=float)[1:] for c in confidences])
+    acc = np.concatenate([np.asarray(a, dtype=float)[1:] for a in accept_probs])
+    if not len(conf):
+        return lambda values: np.zeros(len(values))
+    edges = np.unique(np.quantile(conf, np.linspace(0, 1, bins + 1))[1:-1])  # inner edges
+
+    def locate(values: np.ndarray) -> np.ndarray:
+        return np.searchsorted(edges, np.asarray(values, dtype=float), side="right")
+
+    where = locate(conf)
+    means = np.array([acc[where == b].mean() if np.any(where == b) else 0.0 for b in range(len(edges) + 1)])
+    return lambda values: means[locate(values)]

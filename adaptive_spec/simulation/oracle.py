@@ -37,7 +37,7 @@ import numpy as np
 
 from ..control.policy import RequestView, StepRecord
 
-__all__ = ["dp_schedule", "CostRows", "HindsightPolicy"]
+__all__ = ["dp_schedule", "CostRows", "SchedulePolicy"]
 
 
 class CostRows:
@@ -81,13 +81,13 @@ def dp_schedule(run: np.ndarray, prompt_length: int, cost_row: Callable[[int], n
     return float(value[1]) if n > 1 else 0.0, best
 
 
-class HindsightPolicy:
+class SchedulePolicy:
     """Plays precomputed per-request schedules: k = schedule[request][position]. Only meaningful at
-    batch size 1, where the schedule is the exact optimum (built by the simulator)."""
+    batch size 1, where a schedule is a request's optimum (the simulator builds the hindsight one,
+    `dp_schedule`, and the one of least expected time, `ceilings.expected_schedule`)."""
 
-    name = "oracle"
-
-    def __init__(self, schedules: dict[str, tuple[int, np.ndarray]]):
+    def __init__(self, name: str, schedules: dict[str, tuple[int, np.ndarray]]):
+        self.name = name
         self.schedules = schedules  # request id -> (prompt length, best k per position)
 
     def choose(self, requests: Sequence[RequestView]) -> list[int]:

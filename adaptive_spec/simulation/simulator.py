@@ -52,7 +52,10 @@ with ``"oracle": "upper-bound"`` and no latency percentiles.
 Two more ceilings (`ceilings`), run through the loop at every batch size:
 `policy="request-static-oracle"` (each request's best fixed k in hindsight; the report adds
 ``request_k_histogram``, requests per chosen k) and `policy="confidence-oracle"` (each step's
-expected-goodput-maximising K from the trace's true acceptance probabilities).
+expected-goodput-maximising K from the trace's true acceptance probabilities). At batch size 1,
+`policy="confidence-bound"`: the schedule of least expected time when acceptance is read off the
+draft's recorded confidences through the best map in hindsight, every future confidence known in
+advance (what the draft's confidence can buy a policy, at most).
 """
 
 from __future__ import annotations
@@ -70,14 +73,14 @@ from ..control.policy import (AcceptanceHistory, PolicyBase, RequestOutcome, Req
                               adopt_stop_rule, choose_ks, mean_acceptance_length, run_stop_rule)
 from ..control.registry import make_policy
 from . import replay
-from .ceilings import ConfidenceOraclePolicy, request_static_policy
-from .oracle import CostRows, HindsightPolicy, dp_schedule
+from .ceilings import ConfidenceOraclePolicy, expected_schedule, hindsight_calibration, request_static_policy
+from .oracle import CostRows, SchedulePolicy, dp_schedule
 from .trace_file import RequestTrace
 
 __all__ = ["simulate", "cost_model_from", "DEFAULT_MAX_K", "CEILINGS"]
 
 DEFAULT_MAX_K = 16  # the engine's default cap on any k
-CEILINGS = ("oracle", "request-static-oracle", "confidence-oracle")  # policy names the simulator builds itself
+CEILINGS = ("oracle", "request-static-oracle", "confidence-oracle", "confidence-bound")  # policies the simulator builds itself
 HOSTS = ("hf", "vllm")
 
 
@@ -182,6 +185,8 @@ def simulate(
         raise ValueError(f"num_requests must be >= 1, got {n_req}")
     clock = _Clock(cost_model_from(clock_profile if clock_profile is not None else profile), prefill_seconds_per_token)
     ceiling = policy.strip().lower() if isinstance(policy, str) and policy.strip().lower() in CEILINGS else None
+    if ceiling == "confidence-bound" and batch_size != 1:
+        raise ValueError("confidence-bound is a schedule per request, defined at batch size 1")
     if ceiling:
         policy_obj = None
     else:
@@ -203,9 +208,14 @@ def simulate(
     extra = {}
     if ceiling == "oracle":
         rows = CostRows(clock.cm, max_k, batch=1)
-        policy_obj = HindsightPolicy({s.rid: (s.trace.prompt_length, dp_schedule(s.run, s.trace.prompt_length, rows, max_k)[1])
-                                      for s in sims})
+        policy_obj = SchedulePolicy("oracle", {s.rid: (s.trace.prompt_length, dp_schedule(s.run, s.trace.prompt_length, rows, max_k)[1])
+                                               for s in sims})
         extra["oracle"] = "exact"
+    elif ceiling == "confidence-bound":
+        rows = CostRows(clock.cm, max_k, batch=1)
+        calibrated = hindsight_calibration([t.draft_confidence for t in traces], [t.accept_prob for t in traces])
+        policy_obj = SchedulePolicy(ceiling, {s.rid: (s.trace.prompt_length, expected_schedule(
+            calibrated(s.trace.draft_confidence), s.trace.prompt_length, rows, max_k)[1]) for s in sims})
     elif ceiling == "request-static-oracle":
         policy_obj = request_static_policy(((s.rid, s.trace.prompt_length, s.run) for s in sims),
                                            CostRows(clock.cm, max_k, batch=batch_size), max_k)
