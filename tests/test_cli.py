@@ -160,11 +160,13 @@ def test_bench_mix_interleaves_workloads_through_persistent_policies(tiny_model_
     assert code == 0
     order = ["humaneval0", "sharegpt0", "humaneval1", "sharegpt1", "humaneval2"]
     assert document["settings"]["prompts"] == ["HumanEval/0", "sg-0", "HumanEval/1", "sg-1", "HumanEval/2"]
-    # What the engines were fed: after one warm-up each, prompt by prompt, every configuration in turn.
+    # What the engines were fed: after one warm-up each, prompt by prompt, every configuration in turn,
+    # the order rotated by one each prompt (so each configuration goes first as often as the others).
     adds = [(engine, label) for kind, engine, label in seen["events"] if kind == "add"][3:]
     engines = [engine for engine, _ in adds[:3]]
     assert len(set(map(id, engines))) == 3
-    assert [engine for engine, _ in adds] == engines * 5  # the same engine per configuration all along
+    rotations = [engines[p % 3:] + engines[:p % 3] for p in range(5)]
+    assert [engine for engine, _ in adds] == [e for order in rotations for e in order]  # the same engines all along
     assert [label for _, label in adds] == [label for label in order for _ in engines]
     # The goodput policy serving the stream observed every prompt of it, not one prompt's worth.
     assert sorted(map(len, seen["observed"].values())) == [1, 5]  # the warm-up's throwaway policy, the stream's

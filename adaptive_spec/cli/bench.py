@@ -25,10 +25,18 @@ Regimes:
     step's time is split evenly over the requests it served. Hugging Face's `generate` cannot join
     and leave requests mid-batch, so its baselines are skipped.
 
+Order: at batch 1 prompt i runs the configurations rotated by i (prompt 1: A B C, prompt 2: B C A,
+...), and in the closed loop round r of steps starts at configuration r mod n, so each is first and
+last equally often. `--repeats N` serves the whole stream N times (each pass with fresh sampling
+seeds: pass r samples prompt i with seed `--seed` + r * prompts + i), the lanes kept throughout.
+
 Ratios, per temperature: to `hf-plain` (batch 1), and to the best static k, where `off` and every
 `static:K` in the run count as static: per workload to that workload's best static configuration,
-overall to the best single static configuration over the whole stream. The last stdout line is one
-JSON document.
+overall to the best single static configuration over the whole stream. Below the table, each
+configuration's ratio to the best static configuration and to `off`, with a 95% paired bootstrap
+interval over the prompts (`adaptive_spec.results.intervals`; a prompt's passes are summed first),
+marked `*` where the interval excludes 1.0. The last stdout line is one JSON document; `--save`
+writes it with the machine, versions and per-prompt figures as a result file (`results.result_file`).
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ import torch
 from tqdm import tqdm
 
 from ..control import make_policy
+from ..results.comparisons import compare, format_intervals, rotated
+from ..results.result_file import add_save_option, result_document, save_result
 from ..control.policy import StaticPolicy
 from ..engine import SpecEngine
 from .common import (add_model_options, add_prompt_options, draft_precision, encode_all, gather_mix, gather_prompts,
@@ -84,6 +94,10 @@ def add_bench_command(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     parser.add_argument("--output-json", default=None, help="write the full record here")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="serve the whole stream N times (fresh sampling seeds per pass); intervals sum a "
+                             "prompt's passes")
+    add_save_option(parser)
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="hf: this project's engine and Hugging Face; vllm: vLLM with and without the plug-in")
     add_vllm_bench_options(parser)
@@ -93,11 +107,13 @@ def add_bench_command(subparsers) -> None:
 class Arrival:
     """One prompt of the stream."""
 
-    index: int
+    index: int  # place in the whole stream, all passes
     workload: str
     prompt_id: str
     ids: list[int]
     seed: int
+    prompt_index: int = 0  # place in one pass: what intervals pair configurations on
+    repeat: int = 0
 
 
 @dataclass
@@ -113,6 +129,8 @@ class Tally:
 def run_bench(args) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     mix = parse_mix(args.mix) if args.mix else None
     if mix is None and not (args.prompt or args.prompts or args.humaneval or args.sharegpt):
         args.humaneval, args.sharegpt = 3, 3
@@ -129,8 +147,9 @@ def run_bench(args) -> int:
         return run_vllm_bench(args, prompts if mix else _interleave_sources(prompts))
     loaded = load_models(args)
     encoded = encode_all([p for _, p in labelled], loaded.tokenizer, chat=not args.no_chat)
-    stream = [Arrival(index, workload, prompt.id, ids, args.seed + index)
-              for index, ((workload, prompt), ids) in enumerate(zip(labelled, encoded))]
+    one_pass = list(zip(labelled, encoded))
+    stream = [Arrival(repeat * len(one_pass) + i, workload, prompt.id, ids, args.seed + repeat * len(one_pass) + i, i, repeat)
+              for repeat in range(args.repeats) for i, ((workload, prompt), ids) in enumerate(one_pass)]
     workloads = list(dict.fromkeys(a.workload for a in stream))
     stops = stop_ids(loaded.tokenizer, loaded.target)
     temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -149,27 +168,33 @@ def run_bench(args) -> int:
         warm = lane_class[name](name, loaded, stops, args, 0.0, cost_model)
         warm.warm_up(stream[0].ids[:WARMUP_TOKENS], args.batch_size)
 
-    rows, best_static = [], {}
+    rows, best_static, intervals, lanes_by_temperature = [], {}, {}, {}
     with tqdm(total=len(temperatures) * len(stream) * len(configs), desc="bench", file=sys.stderr) as progress:
         for temperature in temperatures:
             lanes = {name: lane_class[name](name, loaded, stops, args, temperature, cost_model) for name in configs}
+            order = list(lanes.values())
             if args.batch_size == 1:
                 for arrival in stream:
-                    for one in lanes.values():
+                    for one in rotated(order, arrival.index):
                         one.serve_alone(arrival)
                         progress.update()
             else:
-                for one in lanes.values():
+                for one in order:
                     one.open(stream, args.batch_size)
-                while any(one.busy for one in lanes.values()):
-                    for one in lanes.values():
+                turn = 0
+                while any(one.busy for one in order):
+                    for one in rotated(order, turn):
                         if one.busy:
                             progress.update(one.step())
+                    turn += 1
             measured = _rows(lanes, temperature, workloads, args.batch_size)
             best_static[str(temperature)] = _add_ratios(measured, {n for n, one in lanes.items() if one.static})
+            intervals[str(temperature)] = compare({name: one.prompts for name, one in lanes.items()})
+            lanes_by_temperature[temperature] = lanes
             rows += measured
 
     _print_table(rows, workloads)
+    print(format_intervals(intervals))
     single = len(temperatures) == 1
     document = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -177,8 +202,12 @@ def run_bench(args) -> int:
         "settings": {"target": loaded.target_name, "draft": loaded.draft_name, "dtype": args.dtype,
                      "draft_dtype": draft_precision(args), "prompts": [a.prompt_id for a in stream],
                      "workloads": [a.workload for a in stream], "mix": dict(mix) if mix else None,
-                     "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "batch_size": args.batch_size},
+                     "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "batch_size": args.batch_size,
+                     "repeats": args.repeats},
         "runs": rows,
+        # temperature -> config -> ratios to the best static configuration and to off, with paired
+        # 95% bootstrap intervals over prompts (adaptive_spec.results.comparisons.compare).
+        "intervals": intervals,
         # temperature -> scope ("overall" or a workload) -> the fastest static configuration there.
         "best_static": best_static,
         # One temperature: config -> tokens/s. Several: "config@temperature" -> tokens/s.
@@ -188,8 +217,27 @@ def run_bench(args) -> int:
     if args.output_json:
         with open(args.output_json, "w") as handle:
             json.dump(document, handle, indent=1)
+    if args.save:
+        _save(args, document, lanes_by_temperature, cost_model)
     print_json_line(document)
     return 0
+
+
+def _save(args, document: dict, lanes_by_temperature: dict, cost_model) -> None:
+    """The printed document as a result file, each run with its per-prompt figures and, for engine
+    lanes, its steps: [batch, K, longest context, measured seconds, the profile's prediction]."""
+    predictor = cost_model() if any(getattr(one, "steps", None) for lanes in lanes_by_temperature.values()
+                                    for one in lanes.values()) else None
+    runs = []
+    for row in document["runs"]:
+        lane = lanes_by_temperature[row["temperature"]][row["config"]]
+        run = {**row, "prompts": lane.prompts}
+        if getattr(lane, "steps", None):
+            run["steps"] = [step + [round(predictor.step_seconds(step[0], step[2], step[1]), 6) if predictor else None]
+                            for step in lane.steps]
+        runs.append(run)
+    label = f"bench-hf-batch{args.batch_size}"
+    save_result(args.save, label, result_document("bench", args, {**document, "engine": "hf", "runs": runs}))
 
 
 class HFLane:
@@ -202,6 +250,7 @@ class HFLane:
         self.schedule = HF_CONFIGS[name]
         self.loaded, self.stops, self.args, self.temperature = loaded, stops, args, temperature
         self.tallies: dict[str, Tally] = {}
+        self.prompts: list[dict] = []  # per-prompt figures (see _prompt_record)
 
     def warm_up(self, ids: list[int], batch_size: int) -> None:
         self._generate(ids, 4, 0)
@@ -209,10 +258,12 @@ class HFLane:
     def serve_alone(self, arrival: Arrival) -> None:
         started = time.perf_counter()
         tokens = self._generate(arrival.ids, self.args.max_new_tokens, arrival.seed)
+        seconds = time.perf_counter() - started
         tally = self.tallies.setdefault(arrival.workload, Tally())
-        tally.seconds += time.perf_counter() - started
+        tally.seconds += seconds
         tally.requests += 1
         tally.tokens += tokens
+        self.prompts.append(_prompt_record(arrival, tokens, seconds))
 
     def _generate(self, ids: list[int], max_new_tokens: int, seed: int) -> int:
         torch.manual_seed(seed)
@@ -238,6 +289,10 @@ class EngineLane:
         self.engine = SpecEngine(loaded.target, _own_drafter(loaded), policy=self.policy,
                                  max_batch_size=args.batch_size, seed=args.seed)
         self.tallies: dict[str, Tally] = {}
+        self.prompts: list[dict] = []  # per-prompt figures (see _prompt_record)
+        self.steps: list[list] = []  # [batch, K, longest context, measured seconds] per engine step
+        self._record_steps()
+        self._seconds: dict[int, float] = {}  # closed loop: each request's share of its steps' time
         self.peak_batch = 0  # most requests one step served
         self._stream: list[Arrival] = []
         self._next = self._in_flight = 0
@@ -249,7 +304,19 @@ class EngineLane:
     def serve_alone(self, arrival: Arrival) -> None:
         started = time.perf_counter()
         result = self.engine.generate([arrival.ids], self._params(arrival))[0]
-        self._finish(arrival, result).seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self._finish(arrival, result, seconds).seconds += seconds
+
+    def _record_steps(self) -> None:
+        """Log every step the engine reports to the policy, for predicted-vs-measured step times."""
+        observe = self.policy.observe
+
+        def logged(record):
+            self.steps.append([record.batch_size, record.batch_k, max(record.context_lengths, default=0),
+                               round(record.total_seconds, 6)])
+            observe(record)
+
+        self.policy.observe = logged
 
     # --- closed loop -------------------------------------------------------------------------
     def open(self, stream: list[Arrival], batch_size: int) -> None:
@@ -273,9 +340,11 @@ class EngineLane:
         self.peak_batch = max(self.peak_batch, len(served))
         for request_id in served:
             self._tally(self._stream[int(request_id)]).seconds += seconds / len(served)
+            self._seconds[int(request_id)] = self._seconds.get(int(request_id), 0.0) + seconds / len(served)
         finished = [output for output in outputs if output.finished]
         for output in finished:
-            self._finish(self._stream[int(output.request_id)], output.result)
+            index = int(output.request_id)
+            self._finish(self._stream[index], output.result, self._seconds.pop(index, 0.0))
             self._in_flight -= 1
         return len(finished)
 
@@ -287,14 +356,25 @@ class EngineLane:
     def _tally(self, arrival: Arrival) -> Tally:
         return self.tallies.setdefault(arrival.workload, Tally())
 
-    def _finish(self, arrival: Arrival, result) -> Tally:
+    def _finish(self, arrival: Arrival, result, seconds: float) -> Tally:
         if result.error:
             raise RuntimeError(f"{self.name}: prompt {arrival.prompt_id}: {result.error}")
         tally = self._tally(arrival)
         tally.requests += 1
         tally.tokens += len(result.token_ids)
         tally.results.append(result)
+        stats = result.stats
+        self.prompts.append(_prompt_record(arrival, len(result.token_ids), seconds, drafted=stats.drafted,
+                                           accepted=stats.accepted, k_per_step=list(stats.k_per_step),
+                                           accepted_per_step=list(stats.accepted_per_step)))
         return tally
+
+
+def _prompt_record(arrival: Arrival, tokens: int, seconds: float, **figures) -> dict:
+    """One prompt's figures in one configuration. Closed loop: seconds = its share of the steps it was in."""
+    return {"index": arrival.prompt_index, "repeat": arrival.repeat, "prompt_id": arrival.prompt_id,
+            "workload": arrival.workload, "tokens": tokens, "seconds": round(seconds, 6),
+            "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None, **figures}
 
 
 def _own_drafter(loaded):
