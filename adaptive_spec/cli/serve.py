@@ -24,13 +24,19 @@ def add_serve_command(subparsers) -> None:
     parser.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache size on CPU (GiB)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--dry-run", action="store_true", help="print the equivalent `vllm serve` command and exit")
-    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: passed to vllm serve")
+    parser.add_argument("--api-key", default=None, help="clients must send it as a bearer token (passed to vLLM)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="compute threads (default: vLLM binds all cores; use 1 on a shared machine)")
+    parser.add_argument("--ready-timeout", type=float, default=900.0,
+                        help="seconds to wait for the server's /health before giving up")
+    parser.add_argument("--dry-run", action="store_true", help="print the command that would run and exit")
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: passed to vLLM's server as is")
 
 
 def run_serve_command(args) -> int:
     settings = ControllerSettings(args.policy, None if args.profile == "none" else args.profile)
-    options = dict(max_k=args.max_k, settings=settings, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib)
+    options = dict(max_k=args.max_k, settings=settings, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
+                   threads=args.threads)
     if args.target:
         drafter = None if args.draft in (None, "none") else args.draft
         spec = EngineSpec(args.target, drafter, **options)
@@ -41,4 +47,7 @@ def run_serve_command(args) -> int:
     if args.policy != "off" and not args.dry_run:
         settings.build()  # a bad policy or profile fails here, before vLLM spends a minute starting
     extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
-    return run_serve(spec, args.host, args.port, extra, dry_run=args.dry_run)
+    if args.ready_timeout <= 0:
+        raise ValueError(f"--ready-timeout must be positive, got {args.ready_timeout}")
+    return run_serve(spec, args.host, args.port, extra, api_key=args.api_key, dry_run=args.dry_run,
+                     ready_timeout=args.ready_timeout)

