@@ -21,6 +21,33 @@ from ..profiling.profile_file import ProfileError
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, FetchError, ProfileError)
 
 
+# One example per command, shown at the end of `adaptive-spec COMMAND --help` (tests/test_docs.py
+# parses each with this parser, so an example cannot go stale).
+EXAMPLES = {
+    "generate": ["adaptive-spec generate --pair qwen-coder --prompt 'Write a quicksort in Python'",
+                 "adaptive-spec generate --pair qwen-coder --prompts prompts.jsonl --policy static:3 --temperature 0.7"],
+    "bench": ["adaptive-spec bench --pair qwen-coder --humaneval 3 --sharegpt 3",
+              "adaptive-spec bench --pair qwen-coder --mix humaneval:8,sharegpt:8 --policies off,static:3,goodput --no-hf"],
+    "models": ["adaptive-spec models list", "adaptive-spec models fetch qwen-coder"],
+    "policy-cost": ["adaptive-spec policy-cost --policy goodput --profile profiles/cpu-2core-qwen-coder-fp32-int8draft.json"],
+    "profile": ["adaptive-spec profile --pair qwen-coder --quick --out profiles/my-machine.json",
+                "adaptive-spec profile show profiles/cpu-2core-qwen-coder-fp32-int8draft.json"],
+    "trace": ["adaptive-spec trace --pair qwen-coder --humaneval 6 --max-new-tokens 64 --workload code --out my-trace.csv"],
+    "simulate": ["adaptive-spec simulate --trace traces/int8-draft/qwen-coder-code-t0.csv "
+                 "--profile profiles/cpu-2core-qwen-coder-fp32-int8draft.json --policies off,static:3,goodput,oracle"],
+    "serve": ["adaptive-spec serve --pair qwen-coder --port 8000",
+              "adaptive-spec serve --pair qwen-coder --dry-run"],
+}
+
+
+def _add_examples(parser: argparse.ArgumentParser, examples: list[str]) -> None:
+    """Print `examples` after the command's help, line by line: appended to the formatted help, so
+    each subparser keeps its own formatter (some re-wrap an epilog's lines) and its own epilog."""
+    help_of = parser.format_help
+    text = "examples:\n" + "".join(f"  {example}\n" for example in examples)
+    parser.format_help = lambda: help_of().rstrip("\n") + "\n\n" + text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptive-spec", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -31,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_commands(subparsers)
     add_trace_commands(subparsers)
     add_serve_command(subparsers)
+    for name, command in subparsers.choices.items():
+        if name in EXAMPLES:
+            _add_examples(command, EXAMPLES[name])
     return parser
 
 
