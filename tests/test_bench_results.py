@@ -19,7 +19,7 @@ def test_bench_save_writes_per_prompt_figures_and_intervals(tiny_model_dirs, tmp
                  "--no-chat", "--save", str(tmp_path)])
     captured = capsys.readouterr()
     printed = json.loads(captured.out.strip().splitlines()[-1])
-    assert code == 0 and "paired 95% bootstrap intervals" in captured.out
+    assert code == 0 and "paired 95% bootstrap intervals over prompts" in captured.out
     (path,) = tmp_path.glob("*.json")
     assert path.name.endswith("-bench-hf-batch1.json")
     result = load_result(path)

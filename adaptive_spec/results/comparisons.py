@@ -83,18 +83,22 @@ def ratio_cell(comparison: Mapping | None, digits: int = 2) -> str:
             f"{comparison['high']:.{digits}f}]{mark}")
 
 
-def format_intervals(intervals: Mapping[str, Mapping[str, Mapping]]) -> str:
+TOTAL_RATE = "total tokens / total seconds"
+
+
+def format_intervals(intervals: Mapping[str, Mapping[str, Mapping]], measure: str = TOTAL_RATE,
+                     unit: str = "prompts") -> str:
     """The table under a bench's: per temperature and configuration, the ratios to the best static
     configuration and to off with their paired 95% intervals; `*`: the interval excludes 1.0."""
-    header = f"{'temp':>5} {'config':<16} {'x best static':<32} {'x off':<24} {'prompts':>7}"
-    lines = ["", "paired 95% bootstrap intervals over prompts (ratio of total tokens/s; * = excludes 1.0)",
+    header = f"{'temp':>5} {'config':<16} {'x best static':<32} {'x off':<24} {unit:>8}"
+    lines = ["", f"ratios of {measure}, paired 95% bootstrap intervals over {unit} (* = excludes 1.0)",
              header, "-" * len(header)]
     for temperature, table in intervals.items():
         for config, entry in table.items():
             best = entry.get("to_best_static")
             best_cell = f"{ratio_cell(best)} ({best['reference']})" if best else "-"
             lines.append(f"{temperature:>5} {config:<16} {best_cell:<32} {ratio_cell(entry.get('to_off')):<24} "
-                         f"{entry['prompts']:>7}")
+                         f"{entry['prompts']:>8}")
     return "\n".join(lines)
 
 
@@ -102,4 +106,4 @@ def _rounded(value: float) -> float | None:
     return None if value != value else round(value, 4)  # NaN (one prompt) -> None
 
 
-__all__ = ["compare", "format_intervals", "is_static", "prompt_totals", "ratio_cell", "ratio_of_totals", "rotated", "OFF_CONFIGS"]
+__all__ = ["TOTAL_RATE", "compare", "format_intervals", "is_static", "prompt_totals", "ratio_cell", "ratio_of_totals", "rotated", "OFF_CONFIGS"]

