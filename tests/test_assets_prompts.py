@@ -155,7 +155,8 @@ def test_tokenizer_outputs_are_normalised_to_id_lists(raw):
 def test_compatible_tokenizers_may_differ_in_special_flags():
     a = make_tokenizer()
     b = make_tokenizer(chat_template=TEMPLATE, add_bos_token=True)
-    check_tokenizers_compatible(a, b)
+    assert a.get_vocab() == b.get_vocab() and a.chat_template != b.chat_template  # same map, other flags
+    assert check_tokenizers_compatible(a, b) is None  # no TokenizerMismatchError
 
 
 def test_incompatible_tokenizers_raise_a_clear_error():

@@ -8,7 +8,6 @@ import ast
 import io
 import itertools
 import json
-import time
 from collections import Counter
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -456,12 +455,11 @@ def test_simulation_is_deterministic_for_a_seed():
     assert _strip(a) != _strip(simulate(trace, PROFILE, "static:3", rate=20.0, batch_size=4, num_requests=30, seed=2))
 
 
-def test_simulator_is_fast():
+def test_a_long_simulation_generates_every_token():
+    """Its wall time is a benchmark now (scripts/bench_timings.py), not a test."""
     trace = synthetic(8, 256, alpha=0.7).requests()
-    started = time.perf_counter()
     report = simulate(trace, PROFILE, "static:2", num_requests=1000)
     assert report["generated_tokens"] == 256_000
-    assert time.perf_counter() - started < 15  # ~1 s on an idle 2-core CPU
 
 
 def test_simulation_modules_import_no_torch():

@@ -17,7 +17,9 @@ from vllm_cases import SMALL_MODEL, TEST_THREADS, require_vllm
 
 require_vllm()
 
-from adaptive_spec.integrations.vllm.scheduler import UnsupportedVLLMVersion, check_vllm_version  # noqa: E402
+from adaptive_spec.integrations.vllm.scheduler import (TESTED_VERSIONS, UnsupportedVLLMVersion,  # noqa: E402
+                                                        check_vllm_version)
+from packaging.version import Version  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +37,9 @@ def test_versions_outside_the_tested_range_are_refused(version):
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.1", "0.32.2+cpu"])
 def test_tested_versions_are_accepted(version):
-    check_vllm_version(version)
+    low, high = TESTED_VERSIONS
+    assert low <= Version(Version(version).base_version) < high  # the case is inside the range it tests
+    assert check_vllm_version(version) is None  # no UnsupportedVLLMVersion
 
 
 def test_importing_the_plug_in_under_an_untested_vllm_fails_with_a_clear_message():
