@@ -59,3 +59,23 @@ def test_bench_refuses_zero_repeats(tiny_model_dirs, capsys):
     target, draft, _ = tiny_model_dirs
     assert main(["bench", "--target", target, "--draft", draft, "--prompt", "w1", "--repeats", "0"]) == 2
     assert "--repeats" in capsys.readouterr().err
+
+
+def test_simulate_save_writes_per_request_figures(tmp_path, capsys):
+    code = main(["simulate", "--trace", "traces/int8-draft/qwen-coder-code-t0.csv",
+                 "--profile", "profiles/cpu-2core-qwen-coder-fp32-int8draft.json",
+                 "--policies", "off,static:2,goodput", "--num-requests", "6", "--save", str(tmp_path)])
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out.strip().splitlines()[-1])
+    assert code == 0 and "over requests" in captured.out
+    (path,) = tmp_path.glob("*-simulate-hf-batch1.json")
+    saved = load_result(path)
+    assert saved["kind"] == "simulate" and saved["temperatures"] == [0.0]
+    assert saved["intervals"] == printed["intervals"] and "requests" not in printed["runs"][0]
+    for run in saved["runs"]:
+        assert run["config"] == run["policy"] and run["temperature"] == 0.0
+        assert [p["index"] for p in run["prompts"]] == list(range(6))
+        assert sum(p["tokens"] for p in run["prompts"]) == run["generated_tokens"]
+        assert abs(sum(p["seconds"] for p in run["prompts"]) - run["simulated_seconds"]) < 1e-3
+    goodput = saved["intervals"]["all"]["goodput"]
+    assert goodput["to_best_static"]["reference"] in ("off", "static:2") and goodput["prompts"] == 6

@@ -7,6 +7,14 @@ one JSON document.
     adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policy static:2 --rate 2 --num-requests 1000
     adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policy oracle
     adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policies off,static:2,goodput,oracle
+    adaptive-spec simulate --trace TRACE.csv --profile PROFILE.json --policies off,static:2,goodput --save results
+
+With --policies the table is followed by each policy's ratio to the best static policy and to off,
+with a 95% paired bootstrap interval over the simulated requests (all policies replay the same
+requests with the same uniforms; a request's seconds are its share of the steps it was in). `--save`
+writes a result file (`adaptive_spec.results.result_file`): the printed document with per-request
+figures. Simulated seconds come from the profile, not a clock, so a saved simulation is not exposed
+to timing contention on the machine that ran it.
 
 Trace format, replay semantics, the oracle and the other ceilings: `adaptive_spec.simulation`.
 """
@@ -17,6 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..results.comparisons import compare, format_intervals
+from ..results.result_file import add_save_option, result_document, save_result
 from .common import add_model_options, add_prompt_options, add_sampling_options, print_json_line
 
 __all__ = ["add_trace_commands", "run_trace", "run_simulate"]
@@ -77,6 +87,7 @@ def add_trace_commands(subparsers) -> None:
     sim.add_argument("--prefill-seconds-per-token", type=float, default=0.0,
                      help="charge this per prompt token at admission (0: decode-only tokens/s; profiles do not "
                           "measure prefill; ~0.02 fits qwen-coder fp32 on a 2-core CPU)")
+    add_save_option(sim)
 
 
 def run_simulate(args) -> int:
@@ -103,7 +114,8 @@ def run_simulate(args) -> int:
             report = simulate(traces, profile, policy, batch_size=batch, rate=args.rate,
                               num_requests=args.num_requests, seed=args.seed, max_k=args.max_k,
                               prefill_seconds_per_token=args.prefill_seconds_per_token, host=host,
-                              clock_profile=clock_profile, warm_start=warm_start)
+                              clock_profile=clock_profile, warm_start=warm_start,
+                              per_request=bool(args.save or args.policies))
         except ProfileError as error:
             raise ValueError(str(error)) from None
         report["traces"] = list(args.trace)
@@ -113,9 +125,14 @@ def run_simulate(args) -> int:
         print(f"batch={batch}{' rate=' + str(args.rate) if args.rate else ''}, {reports[0]['num_requests']} requests, "
               f"profile {profile.get('name')}, host {host}")
         _print_table(reports)
-        print_json_line({"traces": list(args.trace), "profile": profile.get("name"), "batch_size": batch,
-                         "rate": args.rate, "runs": reports,
-                         "tokens_per_s": {r["policy"]: r["tokens_per_s"] for r in reports}})
+        per_request = [report.pop("requests", None) for report in reports]
+        intervals = {"all": compare({r["policy"]: p for r, p in zip(reports, per_request) if p})}
+        print(format_intervals(intervals, "total tokens / total simulated seconds", "requests"))
+        document = {"traces": list(args.trace), "profile": profile.get("name"), "batch_size": batch,
+                    "rate": args.rate, "runs": reports, "intervals": intervals,
+                    "tokens_per_s": {r["policy"]: r["tokens_per_s"] for r in reports}}
+        _save(args, document, per_request, host)
+        print_json_line(document)
         return 0
     if args.save_acceptance:
         from ..profiling.profile_file import save_acceptance
@@ -130,8 +147,24 @@ def run_simulate(args) -> int:
           f"{' (upper bound)' if report.get('oracle') == 'upper-bound' else ''}; {lat}; "
           f"acceptance {report['acceptance_rate']}, mean acceptance length {report['mean_acceptance_length']}; "
           f"k histogram {report['k_histogram']}", file=sys.stderr)
+    requests = report.pop("requests", None)
+    _save(args, {**report, "runs": [dict(report)]}, [requests], host)
     print_json_line(report)
     return 0
+
+
+def _save(args, document: dict, per_request: list, host: str) -> None:
+    """With --save: the printed document as a result file, each run with its simulated requests."""
+    if not args.save:
+        return
+    from ..simulation import load_trace
+
+    temperatures = sorted({float(load_trace(path).meta.get("sampling", {}).get("temperature", 0)) for path in args.trace})
+    runs = [{**run, "config": run["policy"], "temperature": temperatures[0] if len(temperatures) == 1 else None,
+             **({"prompts": requests} if requests else {})} for run, requests in zip(document["runs"], per_request)]
+    label = f"simulate-{host}-batch{runs[0]['batch_size']}" + (f"-rate{args.rate:g}" if args.rate else "")
+    save_result(args.save, label, result_document("simulate", args, {**document, "runs": runs,
+                                                                    "temperatures": temperatures}))
 
 
 def _warm_start(choice: str, profile_path: str) -> dict | None:

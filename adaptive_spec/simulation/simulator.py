@@ -43,7 +43,10 @@ Requests: the trace requests are cycled to reach `num_requests` (simulated reque
 request i mod R with its own uniforms). Reports tokens/s (emitted tokens / simulated seconds),
 latency percentiles (completion - arrival, seconds), acceptance rate (accepted / drafted), mean
 acceptance length (tokens per request-step, bonus included), the k histogram (per request-step)
-and the batch K histogram.
+and the batch K histogram. `per_request=True` adds `requests`: per simulated request its trace
+request, tokens, seconds (its share of the steps it was in, each step's time split evenly over its
+rows, plus its own prefill: what `bench` charges a request in its closed loop), latency, and k and
+accepted drafts per step, for paired comparisons between policies on the same requests.
 
 `policy="oracle"`: at batch size 1 the hindsight-optimal schedule (exact; run through the loop so
 every metric is reported); at batch size > 1 an upper bound on tokens/s (see `oracle`), reported
@@ -101,6 +104,10 @@ class _Sim:
     t: int = 0
     history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
     draft_seen: int = 0  # host "vllm": context tokens its lazy draft has run over
+    seconds: float = 0.0  # its share of the steps it was in, and its prefill
+    latency: float = 0.0
+    ks: list[int] = field(default_factory=list)  # per step, with per_request
+    accepted: list[int] = field(default_factory=list)
 
 
 class _Clock:
@@ -164,6 +171,7 @@ def simulate(
     host: str = "hf",
     clock_profile: Mapping[str, Any] | None = None,
     warm_start: Mapping[str, Any] | None = None,
+    per_request: bool = False,
 ) -> dict:
     """Simulate one policy; returns the report dict (see the module docstring). `clock_profile`: the
     machine the steps run on, when it is not the one `profile` (the policy's) describes.
@@ -223,7 +231,8 @@ def simulate(
     elif ceiling == "confidence-oracle":
         policy_obj = ConfidenceOraclePolicy({s.rid: (s.trace.prompt_length, s.trace.accept_prob) for s in sims},
                                             lambda b, c, k: clock.step(b, c, k)[2])
-    report = _loop(sims, clock, policy_obj, batch_size, rate, seed, max_k, lazy_draft=host == "vllm")
+    report = _loop(sims, clock, policy_obj, batch_size, rate, seed, max_k, lazy_draft=host == "vllm",
+                   per_request=per_request)
     calibration = getattr(policy_obj, "calibration", None)
     if calibration is not None and hasattr(calibration, "report"):
         extra["calibration"] = calibration.report()  # predictions made before each outcome
@@ -233,7 +242,7 @@ def simulate(
 
 
 def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float | None, seed: int,
-          max_k: int, lazy_draft: bool = False) -> dict:
+          max_k: int, lazy_draft: bool = False, per_request: bool = False) -> dict:
     if rate is not None:
         gaps = np.random.default_rng([int(seed), 2**31 - 1]).exponential(1.0 / rate, len(sims))
         for sim, arrival in zip(sims, np.cumsum(gaps)):
@@ -258,10 +267,12 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             cost = clock.prefill(sim.trace.prompt_length)
             now += cost
             prefill_seconds += cost
+            sim.seconds += cost
             sim.t = 1
             emitted_total += 1
             if sim.trace.length <= 1:
-                latencies.append(now - sim.arrival)
+                sim.latency = now - sim.arrival
+                latencies.append(sim.latency)
             else:
                 running.append(sim)
         if not running:
@@ -306,6 +317,9 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             if k:  # the draft ran over this row's context (the new tokens it reads as it drafts next)
                 sim.draft_seen = sim.trace.prompt_length + sim.t
             outcomes.append(RequestOutcome(sim.rid, k_eff, acc, emitted))
+            if per_request:
+                sim.ks.append(k_eff)
+                sim.accepted.append(acc)
             emitted_total += emitted
             drafted += k_eff
             accepted_total += acc
@@ -316,6 +330,8 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         steps += 1
         batch_k_hist[batch_k] += 1
         now += total_s + catch_up
+        for sim in running:
+            sim.seconds += (total_s + catch_up) / b
         # As vLLM's plug-in does, a step that caught up is not a step cost (catch-up is priced apart),
         # nor one that paid the forward of a draft dropped past K (no cell holds it), and a ragged
         # step is timed only where its profile cell stands for it, scaled to that cell by what the
@@ -334,11 +350,13 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
                            total_seconds=total_s * timed, draft_positions=positions))
         if finished:
             for row in finished:
-                latencies.append(now - running[row].arrival)
+                running[row].latency = now - running[row].arrival
+                latencies.append(running[row].latency)
             gone = set(finished)
             running = [s for row, s in enumerate(running) if row not in gone]
     lat = np.asarray(latencies)
-    return {
+    extra = {"requests": [_request_figures(sim) for sim in sims]} if per_request else {}
+    return {**extra,
         "generated_tokens": int(emitted_total),
         "simulated_seconds": round(now, 6),
         "prefill_seconds": round(prefill_seconds, 6),
@@ -356,6 +374,13 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         "k_histogram": {str(k): int(v) for k, v in sorted(k_hist.items())},
         "batch_k_histogram": {str(k): int(v) for k, v in sorted(batch_k_hist.items())},
     }
+
+
+def _request_figures(sim: _Sim) -> dict:
+    return {"index": sim.index, "prompt_id": sim.trace.prompt_id, "trace": sim.trace.label, "tokens": int(sim.trace.length),
+            "seconds": round(sim.seconds, 6), "tokens_per_s": round(sim.trace.length / sim.seconds, 3) if sim.seconds > 0 else None,
+            "latency": round(sim.latency, 6), "drafted": int(sum(sim.ks)), "accepted": int(sum(sim.accepted)),
+            "k_per_step": sim.ks, "accepted_per_step": sim.accepted}
 
 
 def _oracle_bound(sims: list[_Sim], clock: _Clock, batch_size: int, max_k: int) -> dict:
