@@ -82,9 +82,18 @@ def add_vllm_bench_options(parser) -> None:
     group.add_argument("--threads", type=int, default=None,
                        help="compute threads (default: vLLM binds all cores; use 1 on a shared machine)")
     group.add_argument("--max-num-seqs", type=int, default=16)
+    group.add_argument("--url", default=None,
+                       help="drive a running OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1); "
+                            "--policies and the engine options then do not apply")
+    group.add_argument("--api-key", default=None, help="with --url: the server's API key")
+    group.add_argument("--model", default=None, help="with --url: the served model name (default: its only one)")
 
 
 def run_vllm_bench(args, prompts) -> int:
+    if args.url:
+        from .client_bench import run_client_bench
+
+        return run_client_bench(args, prompts)
     configs = [c.strip() for c in args.policies.split(",") if c.strip()]
     if _profile_path(args):
         load_profile(_profile_path(args))  # a missing or corrupt profile fails before any model loads
