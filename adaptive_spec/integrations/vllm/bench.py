@@ -66,10 +66,10 @@ DEFAULT_CONFIGS = "vllm-off,vllm-static:3,vllm-static:5,vllm-table,goodput"
 class RequestTiming:
     arrival: float
     workload: str = ""  # the prompt's source (humaneval, sharegpt, ...)
-    index: int = 0  # the prompt (batch 1) or the request of the arrival trace (under load)
-    repeat: int = 0  # the pass of --repeats
     token_times: list[float] = field(default_factory=list)  # one entry per emitted token
     event_times: list[float] = field(default_factory=list)  # one entry per step that emitted tokens
+    index: int = 0  # the prompt (batch 1) or the request of the arrival trace (under load)
+    repeat: int = 0  # the pass of --repeats
 
 
 def add_vllm_bench_options(parser) -> None:
