@@ -34,7 +34,7 @@ def test_bench_save_writes_per_prompt_figures_and_intervals(tiny_model_dirs, tmp
         assert abs(sum(p["seconds"] for p in run["prompts"]) - run["seconds"]) < 0.01
         engine_prompt = run["prompts"][0]
         assert len(engine_prompt["k_per_step"]) == len(engine_prompt["accepted_per_step"])
-        assert run["steps"] and all(len(step) == 5 for step in run["steps"])  # [b, K, context, measured, predicted]
+        assert run["step_times"] and all(len(step) == 5 for step in run["step_times"])  # [b, K, context, measured, predicted]
     for temperature in ("0.0", "0.7"):
         table = result["intervals"][temperature]
         assert table["heuristic"]["prompts"] == 3 and table["heuristic"]["to_off"]["reference"] == "off"
@@ -68,7 +68,7 @@ def test_simulate_save_writes_per_request_figures(tmp_path, capsys):
     captured = capsys.readouterr()
     printed = json.loads(captured.out.strip().splitlines()[-1])
     assert code == 0 and "over requests" in captured.out
-    (path,) = tmp_path.glob("*-simulate-hf-batch1.json")
+    (path,) = tmp_path.glob("*-simulate-qwen-coder-code-t0-hf-batch1.json")
     saved = load_result(path)
     assert saved["kind"] == "simulate" and saved["temperatures"] == [0.0]
     assert saved["intervals"] == printed["intervals"] and "requests" not in printed["runs"][0]

@@ -233,7 +233,7 @@ def _save(args, document: dict, lanes_by_temperature: dict, cost_model) -> None:
         lane = lanes_by_temperature[row["temperature"]][row["config"]]
         run = {**row, "prompts": lane.prompts}
         if getattr(lane, "steps", None):
-            run["steps"] = [step + [round(predictor.step_seconds(step[0], step[2], step[1]), 6) if predictor else None]
+            run["step_times"] = [step + [round(predictor.step_seconds(step[0], step[2], step[1]), 6) if predictor else None]
                             for step in lane.steps]
         runs.append(run)
     label = f"bench-hf-batch{args.batch_size}"

@@ -162,7 +162,8 @@ def _save(args, document: dict, per_request: list, host: str) -> None:
     temperatures = sorted({float(load_trace(path).meta.get("sampling", {}).get("temperature", 0)) for path in args.trace})
     runs = [{**run, "config": run["policy"], "temperature": temperatures[0] if len(temperatures) == 1 else None,
              **({"prompts": requests} if requests else {})} for run, requests in zip(document["runs"], per_request)]
-    label = f"simulate-{host}-batch{runs[0]['batch_size']}" + (f"-rate{args.rate:g}" if args.rate else "")
+    traces = "+".join(Path(path).stem for path in args.trace)
+    label = f"simulate-{traces}-{host}-batch{runs[0]['batch_size']}" + (f"-rate{args.rate:g}" if args.rate else "")
     save_result(args.save, label, result_document("simulate", args, {**document, "runs": runs,
                                                                     "temperatures": temperatures}))
 

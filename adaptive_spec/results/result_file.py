@@ -11,7 +11,9 @@ reads. One JSON document per run:
   ...                the document the command prints as its last stdout line, whose `runs` each gain
                      `prompts`: per-prompt figures (index, repeat, tokens, seconds, tokens_per_s, and
                      where the engine reports them acceptance, k per step, TTFT / TPOT), and
-                     `intervals`: the paired comparisons of `comparisons.compare` per temperature.
+                     `intervals`: the paired comparisons of `comparisons.compare` per temperature; our
+                     engine's runs also `step_times`: per step [batch, K, longest context, measured
+                     seconds, the profile's predicted seconds or None].
 
 No torch or vLLM import here: package versions come from the installed distributions' metadata.
 """
@@ -113,9 +115,14 @@ def result_path(target: str | os.PathLike, label: str, created_utc: str) -> Path
 def save_result(target: str | os.PathLike, label: str, document: Mapping[str, Any]) -> Path:
     path = result_path(target, label, document["created_utc"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    path.write_text(_compact_number_lists(json.dumps(document, indent=1, sort_keys=True)) + "\n")
     print(f"[result saved: {path}]", file=sys.stderr)
     return path
+
+
+def _compact_number_lists(text: str) -> str:
+    """Lists of numbers (k per step, step times) on one line each: a result file stays readable."""
+    return re.sub(r"\[[-0-9.eE,\s]+\]", lambda match: re.sub(r"\s+", "", match.group(0)).replace(",", ", "), text)
 
 
 def load_result(path: str | os.PathLike) -> dict:
