@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -33,4 +34,5 @@ def test_policy_notebook_executes_on_the_committed_traces(monkeypatch):
     assert "fraction of the oracle" in text and "goodput" in text and "oracle" in text
     assert "request-static-oracle" in text and "confidence-oracle" in text  # the ceilings beside the policies
     assert "goodput / confidence-bound" in text  # batch 1: what the draft's confidence can buy
+    assert re.search(r"\b[1-9]\d* rows from the committed result files", text)  # results/ read back
     assert [o for o in outputs if "image/png" in o.get("data", {})]
