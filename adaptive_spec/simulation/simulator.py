@@ -71,6 +71,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..control.cost_model import CostModel
+from ..control.online_cost import cost_model_for
 from ..control.step_timing import cell_equivalent
 from ..control.policy import (AcceptanceHistory, PolicyBase, RequestOutcome, RequestView, StepRecord, StopRule,
                               adopt_stop_rule, choose_ks, mean_acceptance_length, run_stop_rule)
@@ -78,6 +79,7 @@ from ..control.registry import make_policy
 from . import replay
 from .ceilings import ConfidenceOraclePolicy, expected_schedule, hindsight_calibration, request_static_policy
 from .oracle import CostRows, SchedulePolicy, dp_schedule
+from .price_error import ClockChange, PriceLog
 from .trace_file import RequestTrace
 
 __all__ = ["simulate", "cost_model_from", "DEFAULT_MAX_K", "CEILINGS"]
@@ -87,11 +89,12 @@ CEILINGS = ("oracle", "request-static-oracle", "confidence-oracle", "confidence-
 HOSTS = ("hf", "vllm")
 
 
-def cost_model_from(profile: Mapping[str, Any] | CostModel) -> CostModel:
-    """A fresh, uncorrected cost model from a profile document (or a copy of a model's profile)."""
+def cost_model_from(profile: Mapping[str, Any] | CostModel | None, kind: str = "cells") -> CostModel:
+    """A fresh, uncorrected cost model from a profile document (None: the generic shape); `kind`
+    picks the online correction (`control.online_cost.COST_MODELS`)."""
     if isinstance(profile, CostModel):
         raise TypeError("pass the profile document, not a CostModel: the simulator builds fresh ones")
-    return CostModel.from_profile(profile)
+    return cost_model_for(profile, kind)
 
 
 @dataclass
@@ -129,6 +132,11 @@ class _Clock:
             total = d + v + self.cm.overhead_seconds(b, k)
             hit = self._steps[key] = (d, v, total)
         return hit
+
+    def switch(self, cost_model: CostModel) -> None:
+        """The machine's costs change (a `ClockChange`)."""
+        self.cm = cost_model
+        self._steps.clear()
 
     def prefill(self, prompt_length: int) -> float:
         return self.prefill_rate * prompt_length
@@ -172,11 +180,18 @@ def simulate(
     clock_profile: Mapping[str, Any] | None = None,
     warm_start: Mapping[str, Any] | None = None,
     per_request: bool = False,
+    cost_model: str = "cells",
+    clock_change: ClockChange | None = None,
+    price_errors: bool = False,
 ) -> dict:
     """Simulate one policy; returns the report dict (see the module docstring). `clock_profile`: the
     machine the steps run on, when it is not the one `profile` (the policy's) describes.
     `warm_start`: a saved goodput state (`GoodputPolicy.state()`) that a policy built here by name
-    starts from, as the engine's `--profile` loads it from beside a profile; None starts cold."""
+    starts from, as the engine's `--profile` loads it from beside a profile; None starts cold.
+    `cost_model`: the policy's online correction ("cells" or "shared", `control.online_cost`);
+    `profile` None gives the policy the generic shape (then `clock_profile` is the machine).
+    `clock_change`: the clock's costs switch mid-run. `price_errors`: report the policy's relative
+    price error of K = 1..6 against K = 0 per step (`price_error.PriceLog`)."""
     started = time.perf_counter()
     if not traces:
         raise ValueError("no trace requests to simulate")
@@ -191,6 +206,8 @@ def simulate(
     n_req = int(num_requests if num_requests is not None else len(traces))
     if n_req < 1:
         raise ValueError(f"num_requests must be >= 1, got {n_req}")
+    if profile is None and clock_profile is None:
+        raise ValueError("without a profile for the policy, clock_profile must give the machine's costs")
     clock = _Clock(cost_model_from(clock_profile if clock_profile is not None else profile), prefill_seconds_per_token)
     ceiling = policy.strip().lower() if isinstance(policy, str) and policy.strip().lower() in CEILINGS else None
     if ceiling == "confidence-bound" and batch_size != 1:
@@ -198,7 +215,7 @@ def simulate(
     if ceiling:
         policy_obj = None
     else:
-        policy_costs = cost_model_from(profile)
+        policy_costs = cost_model_from(profile, cost_model)
         policy_costs.warm_start = dict(warm_start) if warm_start else None
         policy_obj = make_policy(policy, cost_model=policy_costs)
     sims = _requests(traces, n_req, seed)
@@ -207,6 +224,19 @@ def simulate(
             "prefill_seconds_per_token": prefill_seconds_per_token, "host": host}
     if clock_profile is not None:
         base["clock_profile"] = clock_profile.get("name")
+    if cost_model != "cells":
+        base["cost_model"] = cost_model
+    if profile is None:
+        base["policy_profile"] = None
+    step_hook, log = None, None
+    if price_errors and getattr(policy_obj, "cost_model", None) is not None:
+        log = PriceLog(policy_obj.cost_model)
+    if clock_change is not None or log is not None:
+        def step_hook(step: int, b: int, context: int, emitted: int, seconds: float) -> None:
+            if clock_change is not None and step == clock_change.step:
+                clock.switch(cost_model_from(clock_change.profile))
+            if log is not None:
+                log.record(clock.cm, b, context, emitted, seconds)
     if warm_start and policy_obj is not None and hasattr(policy_obj, "load_state"):
         base["warm_start"] = True
     if ceiling == "oracle" and batch_size > 1:
@@ -232,7 +262,13 @@ def simulate(
         policy_obj = ConfidenceOraclePolicy({s.rid: (s.trace.prompt_length, s.trace.accept_prob) for s in sims},
                                             lambda b, c, k: clock.step(b, c, k)[2])
     report = _loop(sims, clock, policy_obj, batch_size, rate, seed, max_k, lazy_draft=host == "vllm",
-                   per_request=per_request)
+                   per_request=per_request, step_hook=step_hook)
+    if log is not None:
+        report["price_error"] = log.report(change_at=clock_change.step if clock_change is not None else None)
+    if clock_change is not None:
+        report["clock_change"] = {"step": clock_change.step, "profile": clock_change.profile.get("name")}
+    if hasattr(policy_obj, "cost_model") and hasattr(policy_obj.cost_model, "shifts"):
+        report["cost_model_events"] = {"outliers": policy_obj.cost_model.outliers, "shifts": policy_obj.cost_model.shifts}
     calibration = getattr(policy_obj, "calibration", None)
     if calibration is not None and hasattr(calibration, "report"):
         extra["calibration"] = calibration.report()  # predictions made before each outcome
@@ -242,7 +278,7 @@ def simulate(
 
 
 def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float | None, seed: int,
-          max_k: int, lazy_draft: bool = False, per_request: bool = False) -> dict:
+          max_k: int, lazy_draft: bool = False, per_request: bool = False, step_hook=None) -> dict:
     if rate is not None:
         gaps = np.random.default_rng([int(seed), 2**31 - 1]).exponential(1.0 / rate, len(sims))
         for sim, arrival in zip(sims, np.cumsum(gaps)):
@@ -348,6 +384,8 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         observe(StepRecord(batch_size=b, batch_k=batch_k, context_lengths=contexts, outcomes=tuple(outcomes),
                            draft_seconds=draft_s * timed, verify_seconds=verify_s * timed,
                            total_seconds=total_s * timed, draft_positions=positions))
+        if step_hook is not None:  # a mid-run clock change, the policy's price errors
+            step_hook(steps, b, max(contexts), sum(o.emitted for o in outcomes), total_s + catch_up)
         if finished:
             for row in finished:
                 running[row].latency = now - running[row].arrival

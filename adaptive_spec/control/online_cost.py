@@ -1,0 +1,309 @@
+"""A step-cost model whose few parameters are shared by every (batch, K, context) cell, fitted online.
+
+Numpy only, like `cost_model`, whose profile tables it reuses as the *shape* of each component;
+what it learns are corrections on a handful of parameters, so one timed cell moves the price of
+every cell that shares them (today's `CostModel.observe` corrects each (batch, K) cell apart).
+
+Opt-in: ``SharedCostModel.from_profile(profile)`` or ``SharedCostModel.default()`` answer the same
+queries as `CostModel` (`step_seconds_table`, `ragged_step_seconds`, `drafting_share`, ...).
+
+Model. Let T(b, c, q) be the profile's verify time (target forward of q query tokens per row plus
+the verify-side processing), D(b, c, p) its draft-loop time for p positions (0 for p = 0), R(b, k)
+its rest of the step, all as `CostModel` builds them (measured knees kept), and c0 the smallest
+profiled context. Each component is the profile's value split into telescoping parts, each with
+its own scale (the prior is every scale = 1, i.e. the profile itself):
+
+    verify(b, c, K) = v_base * T(1, c0, 1)                          fixed part of a verify
+                    + v_rows * [T(b, c0, 1) - T(1, c0, 1)]          what more rows add
+                    + v_first * [T(b, c0, min(q, 2)) - T(b, c0, 1)] the first extra query token
+                    + v_more * [T(b, c0, q) - T(b, c0, min(q, 2))]  the further ones (knees kept)
+                    + v_ctx * [T(b, c, q) - T(b, c0, q)]            context (KV reads)
+                      with q = K + 1;
+    draft(b, c, p)  = d_base * D(1, c0, 1) + d_rows * [D(b, c0, 1) - D(1, c0, 1)]
+                    + d_more * [D(b, c0, p) - D(b, c0, 1)] + d_ctx * [D(b, c, p) - D(b, c0, p)]  (p > 0);
+    rest(b, k)      = r * R(b, k).
+
+A whole-step profile (vLLM's, no draft grid) puts the draft inside T: v_first is then the price of
+a step's first draft (draft launch + one position + one verify token) and v_more that of each
+further one, so a K = 3 step teaches the K = 1 price through both, in proportion to the prior's
+uncertainty, instead of copying K = 3's ratio onto K = 1.
+
+Fit. A step gives up to three linear observations y = x . theta (draft, verify and the rest of
+the step, each with its own features; a step timed only as a whole gives one, with the summed
+features). Each is divided by its prior prediction s = x . 1, so theta is dimensionless and the
+noise is relative. The estimate is a Bayesian linear update in information form with forgetting
+toward the prior:
+
+    L <- L0 + lam * (L - L0) + w * u u' / noise^2,     h <- L0 1 + lam * (h - L0 1) + w * u t / noise^2,
+    theta = L^-1 h,        L0 = C^-1 / prior_sd^2,        u = x / s,  t = y / s,
+
+with w the row's robust weight (below) and `noise` (0.02) the nominal relative timing noise. The
+prior is theta ~ N(1, prior_sd^2 C): each part of the profile is trusted to `prior_sd` (0.3, i.e.
++-30%), which weighs as much as (noise / prior_sd)^2 (~0.004) steps made of that part alone
+(`prior_weight`); C has 1 on its diagonal and `prior_correlation` (0.5) between the parts of one
+component (verify's five, draft's four): a profile wrong about one draft length is likely wrong
+about the others the same way, so where steps cannot tell two parts apart (one K timed only) they
+move together. Data fades with `forgetting` lam (an effective memory of 1 / (1 - lam) = 200 steps);
+the prior does not, so a direction no step excites keeps its value. `CostModel.default()`'s generic
+shape is a guess, not a measurement, whose scale may be off by orders of magnitude:
+`SharedCostModel.default()` gives it prior_sd = 100 (the shape still splits what steps cannot).
+
+Outliers. A row's standardized residual is z = (t - u . theta) / sqrt(sigma^2 + u' L^-1 u):
+the noise sigma (an exponentially weighted RMS of recent residuals, floored at `sigma_floor`)
+plus the parameters' own uncertainty, so early misses of a wrong prior are learned. Huber
+weights: w = 1 for |z| <= huber, huber / |z| up to `reject`, 0 beyond (the step is counted in
+`outliers` and not learned).
+
+Drift. A two-sided CUSUM per observation kind on z clipped to +-`reject` (g+ = max(0, g+ + z - 0.5),
+g- likewise; alarm at `cusum_threshold`, reset after) detects a sustained shift a single outlier
+cannot raise; an alarm (counted in `shifts`) keeps only `shift_keep` of the data's information
+(L <- L0 + shift_keep * (L - L0), theta unchanged; shift_keep = 0 by default), so the band
+widens to the prior's and the new level is learned from the next steps. Rows rejected as outliers still feed the CUSUM: a shift looks like outliers first.
+
+Queries are O(1): per batch size the c0 part of every component is cached and refreshed lazily
+after an update (one version counter), and a query adds the context term from one table lookup.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .cost_model import _BASE_FLOOR, _USUAL_CATCHUP, Corrections, CostModel, _median
+
+__all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "COST_MODELS"]
+
+PARAMETERS = ("v_base", "v_rows", "v_first", "v_more", "v_ctx", "d_base", "d_rows", "d_more", "d_ctx", "r")
+_V, _D, _R = slice(0, 5), slice(5, 9), slice(9, 10)
+_KINDS = ("draft", "verify", "rest")  # the CUSUM and noise scale are kept per observation kind
+COST_MODELS = ("cells", "shared")
+
+
+class SharedCostModel(CostModel):
+    """`CostModel`'s profile shape with the online correction of the module docstring."""
+
+    def __init__(self, *args: Any, prior_sd: float = 0.3, noise: float = 0.02, forgetting: float = 0.995,
+                 sigma_floor: float = 0.01, huber: float = 2.5, reject: float = 6.0, cusum_threshold: float = 12.0,
+                 shift_keep: float = 0.0, prior_correlation: float = 0.5, **options: Any):
+        if not prior_sd > 0 or not noise > 0 or not 0 < forgetting <= 1 or not 0 <= shift_keep <= 1:
+            raise ValueError("need prior_sd > 0, noise > 0, 0 < forgetting <= 1 and 0 <= shift_keep <= 1")
+        if not 0 <= prior_correlation < 1:
+            raise ValueError("need 0 <= prior_correlation < 1")
+        self.prior_correlation = float(prior_correlation)
+        if not 0 < huber < reject:
+            raise ValueError("need 0 < huber < reject")
+        self.prior_sd, self.noise = float(prior_sd), float(noise)
+        self.forgetting, self.sigma_floor = float(forgetting), float(sigma_floor)
+        self.huber, self.reject = float(huber), float(reject)
+        self.cusum_threshold, self.shift_keep = float(cusum_threshold), float(shift_keep)
+        super().__init__(*args, **options)
+
+    @classmethod
+    def default(cls, *, default_prior_sd: float = 100.0, **options: Any) -> "SharedCostModel":
+        options.setdefault("prior_sd", default_prior_sd)
+        return super().default(**options)
+
+    # --- state ------------------------------------------------------------------------------------
+    def reset_corrections(self) -> None:
+        super().reset_corrections()
+        n = len(PARAMETERS)
+        # prior covariance: unit variance, `prior_correlation` between the parts of one component
+        covariance = np.eye(n)
+        for block in (_V, _D):
+            covariance[block, block] = self.prior_correlation
+        np.fill_diagonal(covariance, 1.0)
+        self._prior_info = np.linalg.inv(covariance) / self.prior_sd ** 2
+        self._info = self._prior_info.copy()
+        self._info_mean = self._prior_info @ np.ones(n)
+        self.theta = np.ones(n)
+        self._cov = np.linalg.inv(self._info)
+        self._sigma = np.full(len(_KINDS), 0.05)  # relative noise per kind, before any residual
+        self._cusum = np.zeros((len(_KINDS), 2))
+        self.outliers = 0  # steps with a row rejected (|z| beyond `reject`)
+        self.shifts = 0  # CUSUM alarms
+        self._version = 0
+        self._rows: dict[int, tuple] = {}
+        self._c0 = float(self._target.contexts[0])
+        self._d0 = float(self._draft.contexts[0])
+
+    def corrections(self) -> Corrections:
+        """The scale of each component's fixed part (v_base, d_base, r), for a summary."""
+        return Corrections(float(self.theta[0]), float(self.theta[5]), float(self.theta[9]), self.observations)
+
+    @property
+    def prior_weight(self) -> float:
+        """The prior's weight in steps made of one part alone: (noise / prior_sd)^2."""
+        return (self.noise / self.prior_sd) ** 2
+
+    def parameters(self) -> dict[str, float]:
+        return {name: float(value) for name, value in zip(PARAMETERS, self.theta)}
+
+    # --- features ---------------------------------------------------------------------------------
+    def _verify_features(self, b: int, c: float, q: int) -> np.ndarray:
+        t = lambda bb, cc, qq: self._lookup(self._target, bb, cc, qq)  # noqa: E731
+        c0 = self._c0
+        one, rows_one, first, at_q = t(1, c0, 1), t(b, c0, 1), t(b, c0, min(q, 2)), t(b, c0, q)
+        return np.array([one, rows_one - one, first - rows_one, at_q - first, t(b, c, q) - at_q])
+
+    def _draft_features(self, b: int, c: float, p: int) -> np.ndarray:
+        if p <= 0:
+            return np.zeros(4)
+        d = lambda bb, cc, pp: self._lookup(self._draft, bb, cc, pp)  # noqa: E731
+        c0 = self._d0
+        one, rows_one, at_p = d(1, c0, 1), d(b, c0, 1), d(b, c0, p)
+        return np.array([one, rows_one - one, at_p - rows_one, d(b, c, p) - at_p])
+
+    def _row(self, b: int) -> tuple:
+        """Per batch size, cached until the next update: for every q (verify) and p (draft) the
+        prediction at c0 and the profile's value at c0, so a query adds only the context term."""
+        hit = self._rows.get(b)
+        if hit is not None and hit[0] == self._version:
+            return hit
+        theta = self.theta
+        Q = self.max_query_tokens
+        v_at, v_base = [0.0] * (Q + 1), [0.0] * (Q + 1)
+        for q in range(1, Q + 1):
+            x = self._verify_features(b, self._c0, q)
+            v_at[q], v_base[q] = float(x[:4] @ theta[0:4]), float(x[:4].sum())
+        d_at, d_base = [0.0] * Q, [0.0] * Q
+        for p in range(1, Q):
+            x = self._draft_features(b, self._d0, p)
+            d_at[p], d_base[p] = float(x[:3] @ theta[5:8]), float(x[:3].sum())
+        hit = self._rows[b] = (self._version, v_at, v_base, d_at, d_base)
+        return hit
+
+    # --- queries ----------------------------------------------------------------------------------
+    def target_seconds(self, batch: int, context: float, query_tokens: int, *, forward_only: bool = False) -> float:
+        if forward_only:
+            return super().target_seconds(batch, context, query_tokens, forward_only=True)
+        if batch < 1 or query_tokens < 1:
+            raise ValueError(f"need batch >= 1 and query_tokens >= 1, got {batch}, {query_tokens}")
+        b, q = int(batch), int(query_tokens)
+        if q > self.max_query_tokens:
+            return max(float(self._verify_features(b, float(context), q) @ self.theta[_V]), 0.0)
+        _, v_at, v_base, _, _ = self._row(b)
+        full = self._lookup(self._target, b, float(context), q)
+        return max(v_at[q] + self.theta[4] * (full - v_base[q]), 0.0)
+
+    def draft_seconds(self, batch: int, context: float, k: int, *, forward_only: bool = False) -> float:
+        if forward_only or k <= 0:
+            return super().draft_seconds(batch, context, k, forward_only=True) if k > 0 else super().draft_seconds(batch, context, k)
+        if batch < 1:
+            raise ValueError(f"need batch >= 1, got {batch}")
+        b, p = int(batch), int(k)
+        if p >= self.max_query_tokens:
+            return max(float(self._draft_features(b, float(context), p) @ self.theta[_D]), 0.0)
+        _, _, _, d_at, d_base = self._row(b)
+        full = self._lookup(self._draft, b, float(context), p)
+        return max(d_at[p] + self.theta[8] * (full - d_base[p]), 0.0)
+
+    def overhead_seconds(self, batch: int, k: int = 0) -> float:
+        if batch < 1 or k < 0:
+            raise ValueError(f"need batch >= 1 and k >= 0, got {batch}, {k}")
+        return max(self._rest_base(int(batch), int(k)) * float(self.theta[9]), 0.0)
+
+    # --- learning ---------------------------------------------------------------------------------
+    def observe(self, record: Any) -> None:
+        """Learn from one engine step (a `StepRecord`); see the module docstring."""
+        b = int(record.batch_size)
+        if b < 1 or not record.context_lengths:
+            return
+        k = int(record.batch_k)
+        c = float(max(record.context_lengths))
+        draft, verify, total = float(record.draft_seconds), float(record.verify_seconds), float(record.total_seconds)
+        positions = int(getattr(record, "draft_positions", 0) or k)  # a stopped draft still ran its forwards
+        catchup = int(getattr(record, "draft_catchup_tokens", 0) or 0)
+        n = len(PARAMETERS)
+        rows: list[tuple[int, np.ndarray, float]] = []  # (kind, features, measured seconds)
+        if not (draft > 0 or verify > 0):
+            if total > 0:  # timed as a whole: one row with every component's features
+                x = np.zeros(n)
+                x[_D] = self._draft_features(b, c, positions)
+                x[_V] = self._verify_features(b, c, k + 1)
+                x[9] = self._rest_base(b, k)
+                rows.append((1, x, total))
+        else:
+            if positions > 0 and draft > 0:
+                x = np.zeros(n)
+                x[_D] = self._draft_features(b, c, positions)
+                if catchup > _USUAL_CATCHUP:  # a long catch-up is its own cost, not the draft tokens'
+                    expected = float(x @ self.theta)
+                    self._catchup.append(max(draft - expected, 0.0) / (catchup - self.catchup_tokens))
+                else:
+                    rows.append((0, x, draft))
+            if verify > 0:
+                x = np.zeros(n)
+                x[_V] = self._verify_features(b, c, k + 1)
+                rows.append((1, x, verify))
+            rest = total - draft - verify
+            if total > 0 and rest >= 0:
+                x = np.zeros(n)
+                x[9] = self._rest_base(b, k)
+                rows.append((2, x, max(rest, _BASE_FLOOR)))
+        self._forget()
+        rejected = [self._learn(kind, x, y) for kind, x, y in rows]
+        self.outliers += any(rejected)
+        self._solve()
+        self.observations += 1
+
+    def _forget(self) -> None:
+        lam = self.forgetting
+        if lam < 1:
+            prior_mean = self._prior_info @ np.ones(len(PARAMETERS))
+            self._info = self._prior_info + lam * (self._info - self._prior_info)
+            self._info_mean = prior_mean + lam * (self._info_mean - prior_mean)
+
+    def _learn(self, kind: int, x: np.ndarray, y: float) -> bool:
+        """Fold one row in; True if it was rejected as an outlier."""
+        scale = float(x.sum())  # the prior's prediction
+        if not (scale > _BASE_FLOOR and math.isfinite(y)):
+            return False
+        u, target = x / scale, y / scale
+        residual = target - float(u @ self.theta)
+        sigma = max(float(self._sigma[kind]), self.sigma_floor)
+        z = residual / math.sqrt(sigma * sigma + float(u @ self._cov @ u))
+        self._track_shift(kind, z)
+        size = abs(z)
+        if size > self.reject:
+            return True
+        weight = 1.0 if size <= self.huber else self.huber / size
+        precision = weight / self.noise ** 2
+        self._info += precision * np.outer(u, u)
+        self._info_mean += precision * u * target
+        # noise scale: an exponentially weighted RMS of the learned rows' residuals
+        self._sigma[kind] = math.sqrt(0.95 * self._sigma[kind] ** 2 + 0.05 * min(residual * residual, (self.reject * sigma) ** 2))
+        return False
+
+    def _track_shift(self, kind: int, z: float) -> None:
+        clipped = min(max(z, -self.reject), self.reject)
+        g = self._cusum[kind]
+        g[0] = max(0.0, g[0] + clipped - 0.5)
+        g[1] = max(0.0, g[1] - clipped - 0.5)
+        if max(g) > self.cusum_threshold:
+            g[:] = 0.0
+            self.shifts += 1
+            # keep the estimate, drop most of the data's information: the new level is learned fast
+            self._info = self._prior_info + self.shift_keep * (self._info - self._prior_info)
+            self._info_mean = self._info @ self.theta
+            self._cov = np.linalg.inv(self._info)
+
+    def _solve(self) -> None:
+        self._cov = np.linalg.inv(self._info)
+        self.theta = self._cov @ self._info_mean
+        self._version += 1
+
+    def draft_catchup_seconds(self, tokens: int) -> float | None:
+        if not self._catchup:
+            return None
+        return _median(self._catchup) * max(tokens - self.catchup_tokens, 0.0)
+
+
+def cost_model_for(profile: Any, kind: str = "cells", **options: Any) -> CostModel:
+    """A fresh cost model of `kind` ("cells": `CostModel`'s per-cell correction; "shared": the
+    shared-parameter model above) from a profile document, or the generic shape for None."""
+    if kind not in COST_MODELS:
+        raise ValueError(f"cost model must be one of {', '.join(COST_MODELS)}, got {kind!r}")
+    cls = SharedCostModel if kind == "shared" else CostModel
+    return cls.default(**options) if profile is None else cls.from_profile(profile, **options)

@@ -1,0 +1,194 @@
+"""The shared-parameter online cost model (`control.online_cost`) and the simulator's price-error probes.
+
+Statistical tests use fixed seeds, so they are deterministic; the margins quoted are what makes a
+different seed fail with negligible probability (errors of many standard errors).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adaptive_spec.control.cost_model import CostModel
+from adaptive_spec.control.online_cost import PARAMETERS, SharedCostModel, cost_model_for
+from adaptive_spec.control.policy import StepRecord
+from adaptive_spec.simulation import load_traces, simulate
+from adaptive_spec.simulation.price_error import ClockChange, parse_scaling, scaled_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+HF = json.loads((ROOT / "profiles/cpu-2core-qwen-coder-fp32-int8draft.json").read_text())
+VLLM = json.loads((ROOT / "profiles/cpu-2core-vllm-qwen-coder-fp32.json").read_text())
+
+
+def step(truth: CostModel, b: int, c: int, k: int, noise=None, scale=(1.0, 1.0, 1.0)) -> StepRecord:
+    """A timed step whose parts come from `truth` (times `scale`), with multiplicative noise."""
+    d = truth.draft_seconds(b, c, k) * scale[0]
+    v = truth.target_seconds(b, c, k + 1) * scale[1]
+    r = truth.overhead_seconds(b, k) * scale[2]
+    if noise is not None:
+        d, v, r = (x * (1 + noise()) for x in (d, v, r))
+    return StepRecord(b, k, (c,) * b, (), d, v, d + v + r, draft_positions=k)
+
+
+def relative_prices(model, b, c, k_max=6):
+    table = np.asarray(model.step_seconds_table(b, c, k_max))
+    return table / table[0]
+
+
+def test_prior_is_the_profile_exactly():
+    cells, shared = CostModel.from_profile(HF), SharedCostModel.from_profile(HF)
+    for b in (1, 3, 4, 16, 100):
+        for c in (50, 128, 700, 5000):
+            assert shared.step_seconds_table(b, c, 12) == pytest.approx(cells.step_seconds_table(b, c, 12), rel=1e-12)
+    v_cells, v_shared = CostModel.from_profile(VLLM), SharedCostModel.from_profile(VLLM)
+    assert v_shared.ragged_step_seconds(4, 300, [2, 0, 1, 0]) == pytest.approx(v_cells.ragged_step_seconds(4, 300, [2, 0, 1, 0]))
+    assert cost_model_for(None, "shared").is_default and type(cost_model_for(HF)) is CostModel
+
+
+def test_known_parameters_recovered_from_noisy_steps():
+    truth = SharedCostModel.from_profile(HF)
+    truth.theta = np.array([1.1, 0.9, 0.8, 1.2, 1.3, 1.4, 1.0, 1.25, 1.1, 0.9])
+    truth._version += 1
+    model = SharedCostModel.from_profile(HF)
+    rng = np.random.default_rng(0)
+    for _ in range(600):  # cells vary in batch, context and K, so every part is excited
+        b, c, k = int(rng.choice([1, 2, 4])), int(rng.integers(128, 1024)), int(rng.integers(0, 7))
+        model.observe(step(truth, b, c, k, noise=lambda: rng.normal(0, 0.02)))
+    # 2% noise over ~600 steps: a prediction's standard error is ~0.2%; 2% is 10 of them
+    for b in (1, 2, 4):
+        for c in (200, 900):
+            assert model.step_seconds_table(b, c, 6) == pytest.approx(truth.step_seconds_table(b, c, 6), rel=0.02)
+    learned = model.parameters()
+    for name in ("v_base", "v_first", "v_more", "d_base", "d_more", "r"):
+        assert learned[name] == pytest.approx(truth.parameters()[name], abs=0.1), name
+    assert model.outliers <= 3  # 2% noise has no 6-sigma rows, save model-uncertainty edge cases
+
+
+def test_a_seen_cell_moves_unseen_cells_prices():
+    """Only K = 0 and K = 3 timed on a whole-step (vLLM) profile whose draft increment is 30% too
+    low: K = 1's price must move up with K = 3's; the per-cell model copies K = 3's ratio onto the
+    whole K = 1 step, which dilutes it (the issue's worked example)."""
+    truth = CostModel.from_profile(scaled_profile(VLLM, verify_per_token=1.3))
+    shared, cells = SharedCostModel.from_profile(VLLM), CostModel.from_profile(VLLM)
+    for i in range(200):
+        record = step(truth, 1, 300, 3 if i % 2 else 0)
+        shared.observe(record)
+        cells.observe(record)
+    true = relative_prices(truth, 1, 300)
+    before = relative_prices(CostModel.from_profile(VLLM), 1, 300)
+    error_shared = abs(relative_prices(shared, 1, 300)[1] / true[1] - 1)
+    error_cells = abs(relative_prices(cells, 1, 300)[1] / true[1] - 1)
+    error_prior = abs(before[1] / true[1] - 1)
+    assert error_shared < 0.5 * error_prior  # moved the right way, most of the distance
+    assert error_shared < error_cells  # negative control: the per-cell model's borrowed factor
+    assert relative_prices(shared, 1, 300)[3] == pytest.approx(true[3], rel=0.01)  # the seen cell
+
+
+def _steady(model, truth, steps, rng):
+    for i in range(steps):
+        model.observe(step(truth, 1, 200 + i % 300, 1 + i % 5, noise=lambda: rng.normal(0, 0.01)))
+
+
+def test_an_outlier_is_not_learned_and_without_robust_weights_it_is():
+    truth = CostModel.from_profile(HF)
+
+    def run(**options):
+        model = SharedCostModel.from_profile(HF, **options)
+        _steady(model, truth, 200, np.random.default_rng(1))
+        before = model.step_seconds_table(1, 300, 6)
+        model.observe(step(truth, 1, 300, 3, scale=(5.0, 5.0, 1.0)))  # a page fault: 5x draft and verify
+        after = model.step_seconds_table(1, 300, 6)
+        return model, max(abs(a / b - 1) for a, b in zip(after, before))
+
+    robust, moved = run()
+    assert moved < 0.002 and robust.outliers == 1 and robust.shifts == 0
+    plain, moved_plain = run(huber=1e6, reject=1e7)  # negative control: plain least squares
+    assert moved_plain > 0.01 and plain.outliers == 0
+
+
+def test_a_sustained_shift_is_detected_and_forgotten():
+    truth = CostModel.from_profile(HF)
+    slower = (1.3, 1.0, 1.0)  # the draft got 30% slower
+
+    def run(**options):
+        model = SharedCostModel.from_profile(HF, **options)
+        rng = np.random.default_rng(2)
+        _steady(model, truth, 300, rng)
+        for i in range(60):
+            model.observe(step(truth, 1, 200 + i, 1 + i % 5, noise=lambda: rng.normal(0, 0.01), scale=slower))
+        expected = [truth.draft_seconds(1, 250, k) * 1.3 + truth.target_seconds(1, 250, k + 1) + truth.overhead_seconds(1, k)
+                    for k in range(7)]
+        return model, max(abs(p / e - 1) for p, e in zip(model.step_seconds_table(1, 250, 6), expected))
+
+    model, error = run()
+    assert model.shifts >= 1 and error < 0.02
+    stuck, error_stuck = run(cusum_threshold=float("inf"))  # negative control: no shift detection
+    assert stuck.shifts == 0 and error_stuck > 0.05  # the new level looks like outliers and is refused
+
+
+@pytest.mark.parametrize("prior_sd", [0.3, 0.15])
+def test_prior_weight_is_honoured(prior_sd):
+    """No forgetting, the rest of the step only (one part, no correlation): after n steps measuring
+    1.2x the profile, the scale is the weighted mean (weight * 1 + n * 1.2) / (weight + n) with
+    weight = (noise / prior_sd)^2 steps."""
+    model = SharedCostModel.from_profile(HF, prior_sd=prior_sd, noise=0.3, forgetting=1.0)
+    weight = model.prior_weight
+    assert weight == pytest.approx((0.3 / prior_sd) ** 2)
+    truth = CostModel.from_profile(HF)
+    for n in range(1, 4):
+        model.observe(step(truth, 2, 300, 0, scale=(1.0, 1.0, 1.2)))
+        assert model.parameters()["r"] == pytest.approx((weight + n * 1.2) / (weight + n), rel=1e-9)
+    assert model.parameters()["v_base"] == pytest.approx(1.0, abs=1e-9)  # the verify was as profiled
+
+
+def test_the_generic_shape_learns_a_machine_quickly():
+    truth = CostModel.from_profile(HF)
+    model = SharedCostModel.default()
+    assert model.prior_sd == 100.0
+    rng = np.random.default_rng(3)
+    for i in range(300):
+        model.observe(step(truth, 1, 200 + i, int(rng.integers(0, 7)), noise=lambda: rng.normal(0, 0.01)))
+    true = relative_prices(truth, 1, 400)
+    assert np.abs(relative_prices(model, 1, 400) / true - 1).max() < 0.1
+    assert all(x > 0 for x in model.step_seconds_table(1, 400, 12))
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError):
+        SharedCostModel.from_profile(HF, forgetting=0.0)
+    with pytest.raises(ValueError):
+        SharedCostModel.from_profile(HF, huber=5.0, reject=2.0)
+    with pytest.raises(ValueError):
+        cost_model_for(HF, "median")
+    assert len(PARAMETERS) == 10
+
+
+def test_scaled_profile_scales_draft_and_verify_increment():
+    base, scaled = CostModel.from_profile(HF), CostModel.from_profile(scaled_profile(HF, draft=1.3, verify_per_token=0.8))
+    for k in (1, 3):
+        assert scaled.draft_seconds(1, 128, k) == pytest.approx(1.3 * base.draft_seconds(1, 128, k), rel=1e-9)
+    one = base.target_seconds(2, 128, 1)
+    # the grid's fit (noise-sized drops pooled) is not linear in the medians: equal to 1%
+    assert scaled.target_seconds(2, 128, 1) == pytest.approx(one, rel=1e-3)
+    assert scaled.target_seconds(2, 128, 3) == pytest.approx(one + 0.8 * (base.target_seconds(2, 128, 3) - one), rel=1e-2)
+    assert parse_scaling("draft=1.3, verify-token=0.8") == {"draft": 1.3, "verify_per_token": 0.8}
+    with pytest.raises(ValueError):
+        parse_scaling("target=2")
+
+
+TRACES = [str(ROOT / "traces/int8-draft/qwen-coder-code-t0.csv"), str(ROOT / "traces/int8-draft/qwen-coder-chat-t0.csv")]
+
+
+def test_simulate_with_the_shared_model_and_a_mid_run_clock_change():
+    traces = load_traces(TRACES)
+    plain = simulate(traces, HF, "goodput", num_requests=8)
+    assert "price_error" not in plain and "cost_model" not in plain and "cost_model_events" not in plain
+    change = ClockChange(150, scaled_profile(HF, draft=1.3))
+    report = simulate(traces, None, "goodput", num_requests=12, clock_profile=HF, cost_model="shared",
+                      clock_change=change, price_errors=True)
+    assert report["cost_model"] == "shared" and report["policy_profile"] is None
+    assert report["price_error"]["steps"] == report["steps"] and report["price_error"]["change_at"] == 150
+    assert set(report["cost_model_events"]) == {"outliers", "shifts"}
+    with pytest.raises(ValueError):
+        simulate(traces, None, "goodput", num_requests=2)
