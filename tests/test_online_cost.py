@@ -48,7 +48,8 @@ def test_prior_is_the_profile_exactly():
 
 def test_known_parameters_recovered_from_noisy_steps():
     truth = SharedCostModel.from_profile(HF)
-    truth.theta = np.array([1.1, 0.9, 0.8, 1.2, 1.3, 1.4, 1.0, 1.25, 1.1, 0.9])
+    truth.theta = np.zeros(len(PARAMETERS))  # no per-length deviations: the shared parts alone
+    truth.theta[:10] = [1.1, 0.9, 0.8, 1.2, 1.3, 1.4, 1.0, 1.25, 1.1, 0.9]
     truth._version += 1
     model = SharedCostModel.from_profile(HF)
     rng = np.random.default_rng(0)
@@ -145,7 +146,7 @@ def test_prior_weight_is_honoured(prior_sd):
 def test_the_generic_shape_learns_a_machine_quickly():
     truth = CostModel.from_profile(HF)
     model = SharedCostModel.default()
-    assert model.prior_sd == 100.0
+    assert model.prior_sd == 1.0
     rng = np.random.default_rng(3)
     for i in range(300):
         model.observe(step(truth, 1, 200 + i, int(rng.integers(0, 7)), noise=lambda: rng.normal(0, 0.01)))
@@ -161,7 +162,7 @@ def test_options_are_checked():
         SharedCostModel.from_profile(HF, huber=5.0, reject=2.0)
     with pytest.raises(ValueError):
         cost_model_for(HF, "median")
-    assert len(PARAMETERS) == 10
+    assert len(PARAMETERS) == 10 + 2 * 16
 
 
 def test_scaled_profile_scales_draft_and_verify_increment():
@@ -172,6 +173,9 @@ def test_scaled_profile_scales_draft_and_verify_increment():
     # the grid's fit (noise-sized drops pooled) is not linear in the medians: equal to 1%
     assert scaled.target_seconds(2, 128, 1) == pytest.approx(one, rel=1e-3)
     assert scaled.target_seconds(2, 128, 3) == pytest.approx(one + 0.8 * (base.target_seconds(2, 128, 3) - one), rel=1e-2)
+    whole, whole_scaled = CostModel.from_profile(VLLM), CostModel.from_profile(scaled_profile(VLLM, draft=1.3))
+    one = whole.target_seconds(1, 128, 1)  # a whole-step profile: the draft is in the increment
+    assert whole_scaled.target_seconds(1, 128, 4) == pytest.approx(one + 1.3 * (whole.target_seconds(1, 128, 4) - one), rel=1e-2)
     assert parse_scaling("draft=1.3, verify-token=0.8") == {"draft": 1.3, "verify_per_token": 0.8}
     with pytest.raises(ValueError):
         parse_scaling("target=2")
@@ -192,3 +196,19 @@ def test_simulate_with_the_shared_model_and_a_mid_run_clock_change():
     assert set(report["cost_model_events"]) == {"outliers", "shifts"}
     with pytest.raises(ValueError):
         simulate(traces, None, "goodput", num_requests=2)
+
+
+def test_simulate_command_takes_the_cost_model_options(capsys):
+    from adaptive_spec.cli import main
+
+    profile = str(ROOT / "profiles/cpu-2core-qwen-coder-fp32-int8draft.json")
+    argv = ["simulate", "--trace", TRACES[0], "--profile", "none", "--clock-profile", profile, "--cost-model", "shared",
+            "--price-errors", "--clock-change", "40:draft=1.3", "--num-requests", "4"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["cost_model"] == "shared" and report["clock_change"]["step"] == 40 and "price_error" in report
+    argv = ["simulate", "--trace", TRACES[0], "--profile", profile, "--profile-scale", "draft=1.3,verify-token=0.8",
+            "--num-requests", "4"]
+    assert main(argv) == 0
+    assert "cost_model" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["simulate", "--trace", TRACES[0], "--profile", "none", "--num-requests", "2"]) != 0  # no machine

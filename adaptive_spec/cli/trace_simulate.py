@@ -28,6 +28,7 @@ from pathlib import Path
 from ..results.comparisons import compare, format_intervals
 from ..results.result_file import add_save_option, result_document, save_result
 from .common import add_model_options, add_prompt_options, add_sampling_options, print_json_line
+from .cost_options import add_cost_model_options, cost_model_options, load_profiles
 
 __all__ = ["add_trace_commands", "run_trace", "run_simulate"]
 
@@ -58,7 +59,9 @@ def add_trace_commands(subparsers) -> None:
     sim = subparsers.add_parser("simulate", help="replay traces through a policy with a profile's step costs",
                                 formatter_class=_HelpFormatter, epilog=CEILINGS_HELP)
     sim.add_argument("--trace", action="append", required=True, help="trace file (repeatable; requests are pooled)")
-    sim.add_argument("--profile", required=True, help="cost profile JSON (see `adaptive-spec profile`)")
+    sim.add_argument("--profile", required=True,
+                     help="cost profile JSON (see `adaptive-spec profile`); none = the policy starts from a generic "
+                          "shape (needs --clock-profile)")
     sim.add_argument("--clock-profile", default=None, metavar="PROFILE",
                      help="time the steps with this profile instead (the machine the policy runs on, when --profile, "
                           "the policy's, describes another): how a foreign or stale profile fares, corrected online")
@@ -88,18 +91,15 @@ def add_trace_commands(subparsers) -> None:
                      help="charge this per prompt token at admission (0: decode-only tokens/s; profiles do not "
                           "measure prefill; ~0.02 fits qwen-coder fp32 on a 2-core CPU)")
     add_save_option(sim)
+    add_cost_model_options(sim)
 
 
 def run_simulate(args) -> int:
-    from ..profiling.profile_file import ProfileError, load_profile, profile_engine
+    from ..profiling.profile_file import ProfileError, profile_engine
     from ..simulation import load_traces, simulate
 
     traces = load_traces(args.trace)
-    try:
-        profile = load_profile(args.profile)
-        clock_profile = load_profile(args.clock_profile) if args.clock_profile else None
-    except ProfileError as error:
-        raise ValueError(str(error)) from None
+    profile, clock_profile, policy_profile = load_profiles(args)
     warm_start = _warm_start(args.warm_start, args.profile)
     batch = args.batch_size if args.batch_size is not None else (64 if args.rate is not None else 1)
     host = args.host if args.host != "auto" else profile_engine(profile)
@@ -111,11 +111,12 @@ def run_simulate(args) -> int:
     reports = []
     for policy in policies:
         try:
-            report = simulate(traces, profile, policy, batch_size=batch, rate=args.rate,
+            report = simulate(traces, policy_profile, policy, batch_size=batch, rate=args.rate,
                               num_requests=args.num_requests, seed=args.seed, max_k=args.max_k,
                               prefill_seconds_per_token=args.prefill_seconds_per_token, host=host,
                               clock_profile=clock_profile, warm_start=warm_start,
-                              per_request=bool(args.save or args.policies))
+                              per_request=bool(args.save or args.policies),
+                              **cost_model_options(args, clock_profile or profile))
         except ProfileError as error:
             raise ValueError(str(error)) from None
         report["traces"] = list(args.trace)

@@ -40,13 +40,15 @@ toward the prior:
 with w the row's robust weight (below) and `noise` (0.02) the nominal relative timing noise. The
 prior is theta ~ N(1, prior_sd^2 C): each part of the profile is trusted to `prior_sd` (0.3, i.e.
 +-30%), which weighs as much as (noise / prior_sd)^2 (~0.004) steps made of that part alone
-(`prior_weight`); C has 1 on its diagonal and `prior_correlation` (0.5) between the parts of one
-component (verify's five, draft's four): a profile wrong about one draft length is likely wrong
+(`prior_weight`); C has 1 on its diagonal and `prior_correlation` (0.5) between the size parts of
+one component (verify's base, rows, first and more; draft's base, rows and more; the context parts
+are independent, KV reads being a mechanism of their own): a profile wrong about one draft length is likely wrong
 about the others the same way, so where steps cannot tell two parts apart (one K timed only) they
 move together. Data fades with `forgetting` lam (an effective memory of 1 / (1 - lam) = 200 steps);
 the prior does not, so a direction no step excites keeps its value. `CostModel.default()`'s generic
-shape is a guess, not a measurement, whose scale may be off by orders of magnitude:
-`SharedCostModel.default()` gives it prior_sd = 100 (the shape still splits what steps cannot).
+shape is a guess, not a measurement, whose scale may be off by orders of magnitude: in
+`SharedCostModel.default()` each component's prior mean becomes its first timed row's ratio
+measured / predicted (the machine's scale, empirical Bayes), with prior_sd = 1 on that.
 
 Outliers. A row's standardized residual is z = (t - u . theta) / sqrt(sigma^2 + u' L^-1 u):
 the noise sigma (an exponentially weighted RMS of recent residuals, floored at `sigma_floor`)
@@ -75,8 +77,11 @@ from .cost_model import _BASE_FLOOR, _USUAL_CATCHUP, Corrections, CostModel, _me
 
 __all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "COST_MODELS"]
 
-PARAMETERS = ("v_base", "v_rows", "v_first", "v_more", "v_ctx", "d_base", "d_rows", "d_more", "d_ctx", "r")
+SHARED = ("v_base", "v_rows", "v_first", "v_more", "v_ctx", "d_base", "d_rows", "d_more", "d_ctx", "r")
 _V, _D, _R = slice(0, 5), slice(5, 9), slice(9, 10)
+DEVIATION_K = 16  # per-length deviations for K (verify) and positions (draft) 1..DEVIATION_K
+_VDEV, _DDEV = slice(10, 10 + DEVIATION_K), slice(10 + DEVIATION_K, 10 + 2 * DEVIATION_K)
+PARAMETERS = SHARED + tuple(f"v_dev{k}" for k in range(1, DEVIATION_K + 1)) + tuple(f"d_dev{p}" for p in range(1, DEVIATION_K + 1))
 _KINDS = ("draft", "verify", "rest")  # the CUSUM and noise scale are kept per observation kind
 COST_MODELS = ("cells", "shared")
 
@@ -86,7 +91,8 @@ class SharedCostModel(CostModel):
 
     def __init__(self, *args: Any, prior_sd: float = 0.3, noise: float = 0.02, forgetting: float = 0.995,
                  sigma_floor: float = 0.01, huber: float = 2.5, reject: float = 6.0, cusum_threshold: float = 12.0,
-                 shift_keep: float = 0.0, prior_correlation: float = 0.5, **options: Any):
+                 shift_keep: float = 0.0, prior_correlation: float = 0.5, deviation_sd: float = 0.05,
+                 deviation_correlation: float = 0.7, **options: Any):
         if not prior_sd > 0 or not noise > 0 or not 0 < forgetting <= 1 or not 0 <= shift_keep <= 1:
             raise ValueError("need prior_sd > 0, noise > 0, 0 < forgetting <= 1 and 0 <= shift_keep <= 1")
         if not 0 <= prior_correlation < 1:
@@ -94,30 +100,48 @@ class SharedCostModel(CostModel):
         self.prior_correlation = float(prior_correlation)
         if not 0 < huber < reject:
             raise ValueError("need 0 < huber < reject")
-        self.prior_sd, self.noise = float(prior_sd), float(noise)
+        if not deviation_sd > 0 or not 0 <= deviation_correlation < 1:
+            raise ValueError("need deviation_sd > 0 and 0 <= deviation_correlation < 1")
+        self.deviation_correlation = float(deviation_correlation)
+        self.prior_sd, self.noise, self.deviation_sd = float(prior_sd), float(noise), float(deviation_sd)
         self.forgetting, self.sigma_floor = float(forgetting), float(sigma_floor)
         self.huber, self.reject = float(huber), float(reject)
         self.cusum_threshold, self.shift_keep = float(cusum_threshold), float(shift_keep)
         super().__init__(*args, **options)
 
     @classmethod
-    def default(cls, *, default_prior_sd: float = 100.0, **options: Any) -> "SharedCostModel":
+    def default(cls, *, default_prior_sd: float = 1.0, default_deviation_sd: float = 0.5,
+                **options: Any) -> "SharedCostModel":
         options.setdefault("prior_sd", default_prior_sd)
-        return super().default(**options)
+        options.setdefault("deviation_sd", default_deviation_sd)
+        model = super().default(**options)
+        model.reset_corrections()  # again, now that it is known to be the generic shape
+        return model
 
     # --- state ------------------------------------------------------------------------------------
     def reset_corrections(self) -> None:
         super().reset_corrections()
         n = len(PARAMETERS)
-        # prior covariance: unit variance, `prior_correlation` between the parts of one component
-        covariance = np.eye(n)
-        for block in (_V, _D):
-            covariance[block, block] = self.prior_correlation
-        np.fill_diagonal(covariance, 1.0)
-        self._prior_info = np.linalg.inv(covariance) / self.prior_sd ** 2
+        # prior covariance: prior_sd^2 with `prior_correlation` between the parts of one component;
+        # the per-length deviations independent, deviation_sd^2 each
+        covariance = np.zeros((n, n))
+        for block in (slice(0, 4), slice(5, 8)):  # the context parts (KV reads) are a mechanism of their own
+            covariance[block, block] = self.prior_correlation * self.prior_sd ** 2
+        covariance[np.diag_indices(len(SHARED))] = self.prior_sd ** 2
+        # neighbouring lengths' deviations are alike (a knee spans a few lengths): correlation
+        # `deviation_correlation` ** |K - K'|, so a timed length tells its unseen neighbours too
+        lengths = np.arange(DEVIATION_K)
+        smooth = self.deviation_sd ** 2 * self.deviation_correlation ** np.abs(lengths[:, None] - lengths[None, :])
+        for block in (_VDEV, _DDEV):
+            covariance[block, block] = smooth
+        self._prior_info = np.linalg.inv(covariance)
         self._info = self._prior_info.copy()
-        self._info_mean = self._prior_info @ np.ones(n)
-        self.theta = np.ones(n)
+        self._prior_mean = np.zeros(n)
+        self._prior_mean[: len(SHARED)] = 1.0
+        self._info_mean = self._prior_info @ self._prior_mean
+        self.theta = self._prior_mean.copy()
+        # the generic shape's scale is unknown: its prior mean takes each component's first ratio
+        self._unscaled = {0: _D, 1: _V, 2: _R} if self.is_default else {}
         self._cov = np.linalg.inv(self._info)
         self._sigma = np.full(len(_KINDS), 0.05)  # relative noise per kind, before any residual
         self._cusum = np.zeros((len(_KINDS), 2))
@@ -138,22 +162,32 @@ class SharedCostModel(CostModel):
         return (self.noise / self.prior_sd) ** 2
 
     def parameters(self) -> dict[str, float]:
-        return {name: float(value) for name, value in zip(PARAMETERS, self.theta)}
+        """The shared scales and the per-length deviations that moved off 0."""
+        return {name: float(value) for i, (name, value) in enumerate(zip(PARAMETERS, self.theta))
+                if i < len(SHARED) or abs(value) > 1e-9}
 
     # --- features ---------------------------------------------------------------------------------
     def _verify_features(self, b: int, c: float, q: int) -> np.ndarray:
         t = lambda bb, cc, qq: self._lookup(self._target, bb, cc, qq)  # noqa: E731
         c0 = self._c0
-        one, rows_one, first, at_q = t(1, c0, 1), t(b, c0, 1), t(b, c0, min(q, 2)), t(b, c0, q)
-        return np.array([one, rows_one - one, first - rows_one, at_q - first, t(b, c, q) - at_q])
+        one, rows_one, first, at_q, full = t(1, c0, 1), t(b, c0, 1), t(b, c0, min(q, 2)), t(b, c0, q), t(b, c, q)
+        x = np.zeros(len(PARAMETERS))
+        x[_V] = one, rows_one - one, first - rows_one, at_q - first, full - at_q
+        if 1 <= q - 1 <= DEVIATION_K:
+            x[_VDEV.start + q - 2] = full
+        return x
 
     def _draft_features(self, b: int, c: float, p: int) -> np.ndarray:
+        x = np.zeros(len(PARAMETERS))
         if p <= 0:
-            return np.zeros(4)
+            return x
         d = lambda bb, cc, pp: self._lookup(self._draft, bb, cc, pp)  # noqa: E731
         c0 = self._d0
-        one, rows_one, at_p = d(1, c0, 1), d(b, c0, 1), d(b, c0, p)
-        return np.array([one, rows_one - one, at_p - rows_one, d(b, c, p) - at_p])
+        one, rows_one, at_p, full = d(1, c0, 1), d(b, c0, 1), d(b, c0, p), d(b, c, p)
+        x[_D] = one, rows_one - one, at_p - rows_one, full - at_p
+        if p <= DEVIATION_K:
+            x[_DDEV.start + p - 1] = full
+        return x
 
     def _row(self, b: int) -> tuple:
         """Per batch size, cached until the next update: for every q (verify) and p (draft) the
@@ -163,15 +197,18 @@ class SharedCostModel(CostModel):
             return hit
         theta = self.theta
         Q = self.max_query_tokens
-        v_at, v_base = [0.0] * (Q + 1), [0.0] * (Q + 1)
+        # per q: (prediction at c0, profile's value at c0, the context part's coefficient)
+        v_at, v_base, v_ctx = [0.0] * (Q + 1), [0.0] * (Q + 1), [0.0] * (Q + 1)
         for q in range(1, Q + 1):
             x = self._verify_features(b, self._c0, q)
-            v_at[q], v_base[q] = float(x[:4] @ theta[0:4]), float(x[:4].sum())
-        d_at, d_base = [0.0] * Q, [0.0] * Q
+            v_at[q], v_base[q] = float(x @ theta), float(x[0:4].sum())
+            v_ctx[q] = float(theta[4] + (theta[_VDEV.start + q - 2] if 1 <= q - 1 <= DEVIATION_K else 0.0))
+        d_at, d_base, d_ctx = [0.0] * Q, [0.0] * Q, [0.0] * Q
         for p in range(1, Q):
             x = self._draft_features(b, self._d0, p)
-            d_at[p], d_base[p] = float(x[:3] @ theta[5:8]), float(x[:3].sum())
-        hit = self._rows[b] = (self._version, v_at, v_base, d_at, d_base)
+            d_at[p], d_base[p] = float(x @ theta), float(x[5:8].sum())
+            d_ctx[p] = float(theta[8] + (theta[_DDEV.start + p - 1] if p <= DEVIATION_K else 0.0))
+        hit = self._rows[b] = (self._version, v_at, v_base, v_ctx, d_at, d_base, d_ctx)
         return hit
 
     # --- queries ----------------------------------------------------------------------------------
@@ -182,10 +219,10 @@ class SharedCostModel(CostModel):
             raise ValueError(f"need batch >= 1 and query_tokens >= 1, got {batch}, {query_tokens}")
         b, q = int(batch), int(query_tokens)
         if q > self.max_query_tokens:
-            return max(float(self._verify_features(b, float(context), q) @ self.theta[_V]), 0.0)
-        _, v_at, v_base, _, _ = self._row(b)
+            return max(float(self._verify_features(b, float(context), q) @ self.theta), 0.0)
+        _, v_at, v_base, v_ctx, _, _, _ = self._row(b)
         full = self._lookup(self._target, b, float(context), q)
-        return max(v_at[q] + self.theta[4] * (full - v_base[q]), 0.0)
+        return max(v_at[q] + v_ctx[q] * (full - v_base[q]), 0.0)
 
     def draft_seconds(self, batch: int, context: float, k: int, *, forward_only: bool = False) -> float:
         if forward_only or k <= 0:
@@ -194,10 +231,10 @@ class SharedCostModel(CostModel):
             raise ValueError(f"need batch >= 1, got {batch}")
         b, p = int(batch), int(k)
         if p >= self.max_query_tokens:
-            return max(float(self._draft_features(b, float(context), p) @ self.theta[_D]), 0.0)
-        _, _, _, d_at, d_base = self._row(b)
+            return max(float(self._draft_features(b, float(context), p) @ self.theta), 0.0)
+        _, _, _, _, d_at, d_base, d_ctx = self._row(b)
         full = self._lookup(self._draft, b, float(context), p)
-        return max(d_at[p] + self.theta[8] * (full - d_base[p]), 0.0)
+        return max(d_at[p] + d_ctx[p] * (full - d_base[p]), 0.0)
 
     def overhead_seconds(self, batch: int, k: int = 0) -> float:
         if batch < 1 or k < 0:
@@ -215,31 +252,25 @@ class SharedCostModel(CostModel):
         draft, verify, total = float(record.draft_seconds), float(record.verify_seconds), float(record.total_seconds)
         positions = int(getattr(record, "draft_positions", 0) or k)  # a stopped draft still ran its forwards
         catchup = int(getattr(record, "draft_catchup_tokens", 0) or 0)
-        n = len(PARAMETERS)
         rows: list[tuple[int, np.ndarray, float]] = []  # (kind, features, measured seconds)
         if not (draft > 0 or verify > 0):
             if total > 0:  # timed as a whole: one row with every component's features
-                x = np.zeros(n)
-                x[_D] = self._draft_features(b, c, positions)
-                x[_V] = self._verify_features(b, c, k + 1)
+                x = self._draft_features(b, c, positions) + self._verify_features(b, c, k + 1)
                 x[9] = self._rest_base(b, k)
                 rows.append((1, x, total))
         else:
             if positions > 0 and draft > 0:
-                x = np.zeros(n)
-                x[_D] = self._draft_features(b, c, positions)
+                x = self._draft_features(b, c, positions)
                 if catchup > _USUAL_CATCHUP:  # a long catch-up is its own cost, not the draft tokens'
                     expected = float(x @ self.theta)
                     self._catchup.append(max(draft - expected, 0.0) / (catchup - self.catchup_tokens))
                 else:
                     rows.append((0, x, draft))
             if verify > 0:
-                x = np.zeros(n)
-                x[_V] = self._verify_features(b, c, k + 1)
-                rows.append((1, x, verify))
+                rows.append((1, self._verify_features(b, c, k + 1), verify))
             rest = total - draft - verify
             if total > 0 and rest >= 0:
-                x = np.zeros(n)
+                x = np.zeros(len(PARAMETERS))
                 x[9] = self._rest_base(b, k)
                 rows.append((2, x, max(rest, _BASE_FLOOR)))
         self._forget()
@@ -251,16 +282,22 @@ class SharedCostModel(CostModel):
     def _forget(self) -> None:
         lam = self.forgetting
         if lam < 1:
-            prior_mean = self._prior_info @ np.ones(len(PARAMETERS))
+            prior_mean = self._prior_info @ self._prior_mean
             self._info = self._prior_info + lam * (self._info - self._prior_info)
             self._info_mean = prior_mean + lam * (self._info_mean - prior_mean)
 
     def _learn(self, kind: int, x: np.ndarray, y: float) -> bool:
         """Fold one row in; True if it was rejected as an outlier."""
-        scale = float(x.sum())  # the prior's prediction
+        scale = float(x @ self._prior_mean)  # the prior's prediction
         if not (scale > _BASE_FLOOR and math.isfinite(y)):
             return False
         u, target = x / scale, y / scale
+        if self._unscaled:
+            whole = bool(x[9]) and bool(x[_V].any())  # a step timed as a whole: every component at once
+            for part in (_D, _V, _R) if whole else (self._unscaled.get(kind),):
+                if part is not None and part in self._unscaled.values():
+                    self._rescale_prior(part, target)
+                    self._unscaled = {k: b for k, b in self._unscaled.items() if b != part}
         residual = target - float(u @ self.theta)
         sigma = max(float(self._sigma[kind]), self.sigma_floor)
         z = residual / math.sqrt(sigma * sigma + float(u @ self._cov @ u))
@@ -275,6 +312,21 @@ class SharedCostModel(CostModel):
         # noise scale: an exponentially weighted RMS of the learned rows' residuals
         self._sigma[kind] = math.sqrt(0.95 * self._sigma[kind] ** 2 + 0.05 * min(residual * residual, (self.reject * sigma) ** 2))
         return False
+
+    def _rescale_prior(self, part: slice, ratio: float) -> None:
+        """The generic shape's prior mean for one component: its first measured / predicted ratio
+        (the theta of that component moves with it, the information is the prior's)."""
+        ratio = min(max(ratio, 1e-3), 1e4)
+        self._prior_mean[part] = ratio
+        self.theta[part] = ratio
+        # the prior sd is relative to the prior mean (prior_sd = 1: +-100%), and the deviations are in
+        # the component's units: both scale with it
+        deviations = {_V.start: _VDEV, _D.start: _DDEV}.get(part.start)
+        for block in (part, deviations) if deviations is not None else (part,):
+            for info in (self._prior_info, self._info):
+                info[block, block] /= ratio * ratio
+        self._info_mean = self._info @ self.theta
+        self._cov = np.linalg.inv(self._info)
 
     def _track_shift(self, kind: int, z: float) -> None:
         clipped = min(max(z, -self.reject), self.reject)

@@ -9,8 +9,8 @@ Hosts whose true costs differ from what the controller was given:
       T'(b, c, q) = T(b, c, 1) + verify_per_token * (T(b, c, q) - T(b, c, 1)),
 
   measured per (batch, context) where the grid has q = 1 (the verify-side overhead's per-token
-  slope likewise). A whole-step profile (vLLM's, no draft grid) holds the draft inside T, where it
-  moves with `verify_per_token`.
+  slope likewise). A whole-step profile (vLLM's, no draft grid) holds the draft inside T: there
+  the increment above T(b, c, 1) is scaled by draft * verify_per_token.
 * `ClockChange(step, profile)`: the simulator's clock switches to another profile's costs after
   `step` steps (a machine that got slower mid-trace).
 
@@ -39,6 +39,7 @@ def scaled_profile(profile: Mapping[str, Any], draft: float = 1.0, verify_per_to
     if not (draft > 0 and verify_per_token > 0):
         raise ValueError(f"scales must be > 0, got draft={draft}, verify_per_token={verify_per_token}")
     out = copy.deepcopy(dict(profile))
+    increment = verify_per_token if out.get("draft") else draft * verify_per_token  # whole steps hold the draft
     for row in out.get("draft") or ():
         row["median"] = float(row["median"]) * draft
     single = {(int(r["batch"]), int(r["context"])): float(r["median"])
@@ -46,13 +47,13 @@ def scaled_profile(profile: Mapping[str, Any], draft: float = 1.0, verify_per_to
     for row in out.get("target") or ():
         one = single.get((int(row["batch"]), int(row["context"])))
         if one is not None and int(row["query_tokens"]) > 1:
-            row["median"] = one + verify_per_token * (float(row["median"]) - one)
+            row["median"] = one + increment * (float(row["median"]) - one)
     by_batch_k0 = {int(r["batch"]): float(r["verify_extra"]) for r in out.get("overhead") or () if int(r["k"]) == 0}
     for row in out.get("overhead") or ():
         row["draft_extra"] = float(row["draft_extra"]) * draft
         base = by_batch_k0.get(int(row["batch"]))
         if base is not None and int(row["k"]) > 0:
-            row["verify_extra"] = base + verify_per_token * (float(row["verify_extra"]) - base)
+            row["verify_extra"] = base + increment * (float(row["verify_extra"]) - base)
     if draft != 1.0 or verify_per_token != 1.0:
         out["name"] = f"{out.get('name', 'profile')}*draft{draft:g}*verify-token{verify_per_token:g}"
     return out
