@@ -149,6 +149,7 @@ class SharedCostModel(CostModel):
         self.shifts = 0  # CUSUM alarms
         self._version = 0
         self._rows: dict[int, tuple] = {}
+        self._bases: dict[int, tuple] = {}
         self._c0 = float(self._target.contexts[0])
         self._d0 = float(self._draft.contexts[0])
 
@@ -189,26 +190,33 @@ class SharedCostModel(CostModel):
             x[_DDEV.start + p - 1] = full
         return x
 
+    def _basis(self, b: int) -> tuple:
+        """Per batch size, once: the features at c0 of every q (verify) and p (draft), the
+        profile's value there, and which parameter scales each one's context part."""
+        hit = self._bases.get(b)
+        if hit is None:
+            Q = self.max_query_tokens
+            verify = np.array([self._verify_features(b, self._c0, q) if q else np.zeros(len(PARAMETERS)) for q in range(Q + 1)])
+            draft = np.array([self._draft_features(b, self._d0, p) for p in range(Q)])
+            v_dev = [_VDEV.start + q - 2 if 1 <= q - 1 <= DEVIATION_K else None for q in range(Q + 1)]
+            d_dev = [_DDEV.start + p - 1 if 1 <= p <= DEVIATION_K else None for p in range(Q)]
+            hit = self._bases[b] = (verify, verify[:, 0:4].sum(axis=1).tolist(), v_dev,
+                                    draft, draft[:, 5:8].sum(axis=1).tolist(), d_dev)
+        return hit
+
     def _row(self, b: int) -> tuple:
         """Per batch size, cached until the next update: for every q (verify) and p (draft) the
-        prediction at c0 and the profile's value at c0, so a query adds only the context term."""
+        prediction at c0, the profile's value at c0 and the context part's coefficient, so a query
+        adds only the context term (one table lookup)."""
         hit = self._rows.get(b)
         if hit is not None and hit[0] == self._version:
             return hit
         theta = self.theta
-        Q = self.max_query_tokens
-        # per q: (prediction at c0, profile's value at c0, the context part's coefficient)
-        v_at, v_base, v_ctx = [0.0] * (Q + 1), [0.0] * (Q + 1), [0.0] * (Q + 1)
-        for q in range(1, Q + 1):
-            x = self._verify_features(b, self._c0, q)
-            v_at[q], v_base[q] = float(x @ theta), float(x[0:4].sum())
-            v_ctx[q] = float(theta[4] + (theta[_VDEV.start + q - 2] if 1 <= q - 1 <= DEVIATION_K else 0.0))
-        d_at, d_base, d_ctx = [0.0] * Q, [0.0] * Q, [0.0] * Q
-        for p in range(1, Q):
-            x = self._draft_features(b, self._d0, p)
-            d_at[p], d_base[p] = float(x @ theta), float(x[5:8].sum())
-            d_ctx[p] = float(theta[8] + (theta[_DDEV.start + p - 1] if p <= DEVIATION_K else 0.0))
-        hit = self._rows[b] = (self._version, v_at, v_base, v_ctx, d_at, d_base, d_ctx)
+        verify, v_base, v_dev, draft, d_base, d_dev = self._basis(b)
+        v_ctx = [float(theta[4] + (theta[i] if i is not None else 0.0)) for i in v_dev]
+        d_ctx = [float(theta[8] + (theta[i] if i is not None else 0.0)) for i in d_dev]
+        hit = self._rows[b] = (self._version, (verify @ theta).tolist(), v_base, v_ctx,
+                               (draft @ theta).tolist(), d_base, d_ctx)
         return hit
 
     # --- queries ----------------------------------------------------------------------------------
