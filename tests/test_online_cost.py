@@ -212,3 +212,9 @@ def test_simulate_command_takes_the_cost_model_options(capsys):
     assert main(argv) == 0
     assert "cost_model" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert main(["simulate", "--trace", TRACES[0], "--profile", "none", "--num-requests", "2"]) != 0  # no machine
+
+
+def test_the_generic_shape_of_a_whole_step_host_times_no_draft_apart():
+    assert cost_model_for(None, "shared").has_draft
+    whole = cost_model_for(None, "shared", whole_step=True)
+    assert not whole.has_draft and whole.step_seconds_table(1, 300, 4) == cost_model_for(None, "shared").step_seconds_table(1, 300, 4)

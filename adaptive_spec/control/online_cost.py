@@ -360,10 +360,18 @@ class SharedCostModel(CostModel):
         return _median(self._catchup) * max(tokens - self.catchup_tokens, 0.0)
 
 
-def cost_model_for(profile: Any, kind: str = "cells", **options: Any) -> CostModel:
+def cost_model_for(profile: Any, kind: str = "cells", *, whole_step: bool = False, **options: Any) -> CostModel:
     """A fresh cost model of `kind` ("cells": `CostModel`'s per-cell correction; "shared": the
-    shared-parameter model above) from a profile document, or the generic shape for None."""
+    shared-parameter model above) from a profile document, or the generic shape for None.
+    `whole_step`: the generic shape for a host that times whole steps (vLLM): it claims no draft
+    forward timed apart (`has_draft` False), as a vLLM profile does, so a policy charges a dropped
+    draft as the step increment the host charges, not as the generic draft forward alone."""
     if kind not in COST_MODELS:
         raise ValueError(f"cost model must be one of {', '.join(COST_MODELS)}, got {kind!r}")
     cls = SharedCostModel if kind == "shared" else CostModel
-    return cls.default(**options) if profile is None else cls.from_profile(profile, **options)
+    if profile is not None:
+        return cls.from_profile(profile, **options)
+    model = cls.default(**options)
+    if whole_step:
+        model._draft_grid = None  # the draft table stays (the shape's draft part); has_draft reads the grid
+    return model

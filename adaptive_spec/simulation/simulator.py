@@ -89,12 +89,12 @@ CEILINGS = ("oracle", "request-static-oracle", "confidence-oracle", "confidence-
 HOSTS = ("hf", "vllm")
 
 
-def cost_model_from(profile: Mapping[str, Any] | CostModel | None, kind: str = "cells") -> CostModel:
-    """A fresh, uncorrected cost model from a profile document (None: the generic shape); `kind`
-    picks the online correction (`control.online_cost.COST_MODELS`)."""
+def cost_model_from(profile: Mapping[str, Any] | CostModel | None, kind: str = "cells", host: str = "hf") -> CostModel:
+    """A fresh, uncorrected cost model from a profile document (None: the generic shape, of whole
+    steps for host "vllm"); `kind` picks the online correction (`control.online_cost.COST_MODELS`)."""
     if isinstance(profile, CostModel):
         raise TypeError("pass the profile document, not a CostModel: the simulator builds fresh ones")
-    return cost_model_for(profile, kind)
+    return cost_model_for(profile, kind, whole_step=host == "vllm")
 
 
 @dataclass
@@ -215,7 +215,7 @@ def simulate(
     if ceiling:
         policy_obj = None
     else:
-        policy_costs = cost_model_from(profile, cost_model)
+        policy_costs = cost_model_from(profile, cost_model, host)
         policy_costs.warm_start = dict(warm_start) if warm_start else None
         policy_obj = make_policy(policy, cost_model=policy_costs)
     sims = _requests(traces, n_req, seed)
