@@ -218,3 +218,23 @@ def test_the_generic_shape_of_a_whole_step_host_times_no_draft_apart():
     assert cost_model_for(None, "shared").has_draft
     whole = cost_model_for(None, "shared", whole_step=True)
     assert not whole.has_draft and whole.step_seconds_table(1, 300, 4) == cost_model_for(None, "shared").step_seconds_table(1, 300, 4)
+
+
+def test_learned_state_round_trip_and_malformed_states():
+    truth = CostModel.from_profile(scaled_profile(HF, draft=1.3))
+    model = SharedCostModel.from_profile(HF)
+    rng = np.random.default_rng(4)
+    for i in range(100):
+        model.observe(step(truth, 1, 200 + i, 1 + i % 5, noise=lambda: rng.normal(0, 0.01)))
+    state = json.loads(json.dumps(model.learned_state()))  # through JSON, as a file would hold it
+    fresh = SharedCostModel.from_profile(HF)
+    fresh.load_learned_state(state)
+    assert fresh.step_seconds_table(2, 400, 8) == pytest.approx(model.step_seconds_table(2, 400, 8), rel=1e-9)
+    record = step(truth, 1, 333, 3)
+    model.observe(record)
+    fresh.observe(record)  # and it learns on from there alike
+    assert fresh.parameters() == pytest.approx(model.parameters(), rel=1e-6)
+    for broken in ({}, {**state, "kind": "cells"}, {**state, "parameters": state["parameters"][:-1]},
+                   {**state, "theta": state["theta"][:3]}, {**state, "information": "x"}):
+        with pytest.raises(ValueError):
+            SharedCostModel.from_profile(HF).load_learned_state(broken)

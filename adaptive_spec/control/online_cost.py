@@ -167,6 +167,37 @@ class SharedCostModel(CostModel):
         return {name: float(value) for i, (name, value) in enumerate(zip(PARAMETERS, self.theta))
                 if i < len(SHARED) or abs(value) > 1e-9}
 
+    def learned_state(self) -> dict:
+        """What was learned, as plain data: the estimate and its information (the prior's part
+        included), for a later start on the same machine (`load_learned_state`)."""
+        return {"kind": "shared", "source": self.source, "parameters": list(PARAMETERS),
+                "theta": [float(v) for v in self.theta], "information": self._info.tolist(),
+                "prior_mean": [float(v) for v in self._prior_mean], "observations": int(self.observations)}
+
+    def load_learned_state(self, state: Any) -> None:
+        """Start from a `learned_state()` (the noise scale and the CUSUM start afresh); raises
+        ValueError naming what is malformed."""
+        if not isinstance(state, dict) or state.get("kind") != "shared":
+            raise ValueError("a learned cost state must be a mapping with kind 'shared'")
+        if state.get("parameters") != list(PARAMETERS):
+            raise ValueError("a learned cost state must name this model's parameters, in order")
+        n = len(PARAMETERS)
+        try:
+            theta = np.asarray(state["theta"], dtype=float)
+            information = np.asarray(state["information"], dtype=float)
+            prior_mean = np.asarray(state["prior_mean"], dtype=float)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"a learned cost state lacks theta/information/prior_mean: {error}") from None
+        if theta.shape != (n,) or prior_mean.shape != (n,) or information.shape != (n, n):
+            raise ValueError("a learned cost state's theta, prior_mean and information have the wrong shapes")
+        if not (np.isfinite(theta).all() and np.isfinite(information).all()):
+            raise ValueError("a learned cost state holds non-finite numbers")
+        self.theta, self._info, self._prior_mean = theta, information, prior_mean
+        self._info_mean = information @ theta
+        self._unscaled = {}
+        self.observations = int(state.get("observations", 0))
+        self._solve()
+
     # --- features ---------------------------------------------------------------------------------
     def _verify_features(self, b: int, c: float, q: int) -> np.ndarray:
         t = lambda bb, cc, qq: self._lookup(self._target, bb, cc, qq)  # noqa: E731
