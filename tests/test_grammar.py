@@ -18,6 +18,8 @@ from adaptive_spec.modeling.loading import load_model
 from adaptive_spec.sampling import grammar as grammar_module
 from adaptive_spec.sampling.grammar import Grammar, GrammarError
 
+from conftest import tiny_lm  # at import, while `conftest` is this folder's (tests/vllm has one too)
+
 pytest.importorskip("llguidance")
 pytestmark = pytest.mark.real_models
 
@@ -215,3 +217,94 @@ def test_sampled_regex_and_choice_outputs_match_their_grammars(smollm2):
     assert all(re.fullmatch(pattern, t) for t in texts[0::2]), texts
     assert all(t in options for t in texts[1::2]), texts
     assert sum(r.stats.drafted for r in results[0::2]) > 0  # speculation really ran under the regex
+
+
+# --- the law under a grammar, over a real tokenizer's vocabulary --------------------------------
+
+CHOICES = ["yes", "no", "maybe", "yesterday", "noon"]
+LAW_SAMPLES = 2000
+LAW_ALPHA = 1e-4
+
+
+def _grammar_law(target, prompt: list[int], constraint, eos: int, settings) -> dict[tuple[int, ...], float]:
+    """Every output the grammar allows (any tokenisation of each choice, then end of sequence) with
+    its exact probability under the masked, processed target distributions, by walking the tree."""
+    from adaptive_spec.sampling.transforms import process_logits
+
+    law, frontier = {}, [((), constraint.initial_state(), 1.0)]
+    while frontier:
+        path, state, mass = frontier.pop()
+        mask = constraint.allowed_tokens(state)
+        with torch.no_grad():
+            logits = target(torch.tensor([prompt + list(path)])).logits[:, -1]
+        probs = process_logits(logits, settings, None, mask[None])[0][0].double()
+        for token in mask.nonzero().flatten().tolist():
+            if probs[token] <= 0:
+                continue
+            if token == eos:
+                law[path + (token,)] = mass * float(probs[token])
+            else:
+                frontier.append((path + (token,), constraint.advance(state, token), mass * float(probs[token])))
+    return law
+
+
+def _chi_square(counts, law, total) -> float:
+    from scipy import stats
+
+    expected = {seq: p * total for seq, p in law.items()}
+    if any(seq not in law for seq in counts):
+        return 0.0  # an output the grammar or the target cannot produce
+    big = [seq for seq in law if expected[seq] >= 5]
+    observed = [counts.get(seq, 0) for seq in big] + [sum(counts.get(s, 0) for s in law if s not in big)]
+    wanted = [expected[seq] for seq in big] + [sum(expected[s] for s in law if s not in big)]
+    if wanted[-1] == 0:
+        observed, wanted = observed[:-1], wanted[:-1]
+    return float(stats.chisquare(observed, [w * sum(observed) / sum(wanted) for w in wanted]).pvalue)
+
+
+def _sample_choices(tokenizer, policy, seed, samples=LAW_SAMPLES):
+    from collections import Counter
+
+    from adaptive_spec.sampling.transforms import RowSettings
+
+    vocab = len(tokenizer)
+    target, draft = tiny_lm(21, vocab=vocab, arch="llama"), tiny_lm(22, vocab=vocab, arch="llama")
+    constraint = Grammar.choice(CHOICES).constraint(tokenizer, vocab)
+    eos = tokenizer.eos_token_id
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=(eos,), constraint=constraint)
+    prompt = tokenizer.encode("Answer:", add_special_tokens=False)
+    engine = SpecEngine(target, draft, policy=policy, max_batch_size=200, seed=seed)
+    results = engine.generate([prompt] * samples, params)
+    settings = RowSettings(*(torch.tensor([v]) for v in (1.0, 0, 1.0, 0.0, 1.0)))
+    law = _grammar_law(target, prompt, constraint, eos, settings)
+    return results, Counter(tuple(r.token_ids) for r in results if r.error is None), law
+
+
+@pytest.mark.slow
+def test_sampled_outputs_under_a_grammar_follow_the_target_law_over_smollm2s_vocabulary(tokenizer):
+    """A random target and draft over SmolLM2's 49,152-token vocabulary, a choice grammar whose every
+    tokenisation is enumerated, k = 4 drafts: the outputs' law equals the masked target's, by a
+    chi-square test at p < 1e-4 (its false-failure probability), 2,000 samples, fixed seeds."""
+    results, counts, law = _sample_choices(tokenizer, "static:4", seed=3)
+    assert all(r.error is None for r in results), {r.error for r in results}
+    assert len(law) > len(CHOICES)  # several tokenisations of the choices are possible
+    assert max(k for r in results for k in r.stats.k_per_step) >= 3  # deep drafts really ran
+    assert sum(r.stats.accepted for r in results) > 0 and sum(r.stats.drafted for r in results) > sum(
+        r.stats.accepted for r in results)  # drafts were both accepted and rejected
+    texts = {tokenizer.decode(seq[:-1]) for seq in counts}
+    assert texts <= set(CHOICES)
+    assert _chi_square(counts, law, LAW_SAMPLES) >= LAW_ALPHA
+
+
+@pytest.mark.slow
+def test_negative_control_target_masked_with_the_committed_state_is_caught(tokenizer, monkeypatch):
+    """The same test fails when every verified position is masked with the committed state's mask."""
+    from adaptive_spec.engine import processing
+
+    correct = processing.StepSampler._allowed_at
+    monkeypatch.setattr(processing.StepSampler, "_allowed_at",
+                        lambda self, row, position, drafts: correct(self, row, 0, drafts))
+    results, counts, law = _sample_choices(tokenizer, "static:4", seed=3, samples=500)
+    monkeypatch.undo()
+    failed = sum(r.error is not None for r in results)
+    assert failed > 0 or _chi_square(counts, law, len(results)) < LAW_ALPHA
