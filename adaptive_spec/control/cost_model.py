@@ -560,6 +560,18 @@ class _Correction:
 # ----------------------------------------------------------------------------- the model
 
 
+def timed_step(record: Any) -> tuple[int, int, float, float, float, float, int, int] | None:
+    """What an engine step (a `StepRecord`) tells a cost model: (batch, K, longest context, draft,
+    verify and total seconds, draft positions run, catch-up tokens); None for a step of no rows."""
+    b = int(record.batch_size)
+    if b < 1 or not record.context_lengths:
+        return None
+    k = int(record.batch_k)
+    positions = int(getattr(record, "draft_positions", 0) or k)  # a stopped draft still ran its forwards
+    return (b, k, float(max(record.context_lengths)), float(record.draft_seconds), float(record.verify_seconds),
+            float(record.total_seconds), positions, int(getattr(record, "draft_catchup_tokens", 0) or 0))
+
+
 class CostModel:
     """Step-time predictions for (batch, context, k) from a profile, corrected online.
 
@@ -790,15 +802,11 @@ class CostModel:
     def observe(self, record: Any) -> None:
         """Learn from one engine step (a `StepRecord`): per-component ratio of measured to
         profile time, folded into the windowed medians described in the module docstring."""
-        b = int(record.batch_size)
-        if b < 1 or not record.context_lengths:
+        step = timed_step(record)
+        if step is None:
             return
-        k = int(record.batch_k)
-        c = float(max(record.context_lengths))
-        draft, verify, total = float(record.draft_seconds), float(record.verify_seconds), float(record.total_seconds)
+        b, k, c, draft, verify, total, positions, catchup = step
         key = (b, k)
-        positions = int(getattr(record, "draft_positions", 0) or k)  # a stopped draft still ran its forwards
-        catchup = int(getattr(record, "draft_catchup_tokens", 0) or 0)
         if k > 0 and draft > 0:
             base = self._lookup(self._draft, b, c, positions)
             if catchup > _USUAL_CATCHUP:  # a long catch-up is its own cost, not the draft tokens'

@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost_model import _BASE_FLOOR, _USUAL_CATCHUP, Corrections, CostModel, _median
+from .cost_model import _BASE_FLOOR, _USUAL_CATCHUP, Corrections, CostModel, _median, timed_step
 
 __all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "COST_MODELS"]
 
@@ -283,14 +283,10 @@ class SharedCostModel(CostModel):
     # --- learning ---------------------------------------------------------------------------------
     def observe(self, record: Any) -> None:
         """Learn from one engine step (a `StepRecord`); see the module docstring."""
-        b = int(record.batch_size)
-        if b < 1 or not record.context_lengths:
+        step = timed_step(record)
+        if step is None:
             return
-        k = int(record.batch_k)
-        c = float(max(record.context_lengths))
-        draft, verify, total = float(record.draft_seconds), float(record.verify_seconds), float(record.total_seconds)
-        positions = int(getattr(record, "draft_positions", 0) or k)  # a stopped draft still ran its forwards
-        catchup = int(getattr(record, "draft_catchup_tokens", 0) or 0)
+        b, k, c, draft, verify, total, positions, catchup = step
         rows: list[tuple[int, np.ndarray, float]] = []  # (kind, features, measured seconds)
         if not (draft > 0 or verify > 0):
             if total > 0:  # timed as a whole: one row with every component's features

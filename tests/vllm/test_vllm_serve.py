@@ -22,6 +22,7 @@ import urllib.request
 
 import pytest
 
+from adaptive_spec.integrations.vllm.client_bench import parse_metrics
 from vllm_cases import PROMPTS, SMALL_MODEL, require_vllm
 
 require_vllm()
@@ -92,13 +93,7 @@ class Server:
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=30) as response:
-            text = response.read().decode()
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            found = re.match(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", line)
-            if found:
-                values[found.group(1)] = values.get(found.group(1), 0.0) + float(found.group(2))
-        return values
+            return parse_metrics(response.read().decode())
 
     def stop(self) -> int:
         if self.process.poll() is None:

@@ -129,12 +129,18 @@ def _spec_counters(client, base) -> dict[str, float]:
             text = response.read().decode()
     except ValueError:  # no /metrics here: no acceptance figures
         return {}
-    counters = dict.fromkeys(SPEC_METRICS, 0.0)
+    values = parse_metrics(text)
+    return {name: values.get(name, 0.0) for name in SPEC_METRICS}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """vLLM's Prometheus text: each `vllm:` sample, summed over its label sets."""
+    values: dict[str, float] = {}
     for line in text.splitlines():
         found = re.match(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", line)
-        if found and found.group(1) in counters:
-            counters[found.group(1)] += float(found.group(2))
-    return counters
+        if found:
+            values[found.group(1)] = values.get(found.group(1), 0.0) + float(found.group(2))
+    return values
 
 
 def _acceptance(before: dict, after: dict) -> dict:

@@ -17,6 +17,7 @@ reach the server's processes through vLLM's plug-in entry point (`patches.py`).
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -37,8 +38,6 @@ STOP_GRACE_SECONDS = 30.0  # after a forwarded signal, then the server's process
 def serve_command(spec: EngineSpec, host: str, port: int, extra: list[str],
                   api_key: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The server's command line and the environment variables it needs."""
-    import json
-
     kwargs = spec.llm_kwargs()
     argv = [sys.executable, "-m", API_SERVER_MODULE, "--model", kwargs["model"], "--dtype", spec.dtype,
             "--enforce-eager", "--no-async-scheduling", "--max-model-len", str(spec.max_model_len),
