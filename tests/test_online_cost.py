@@ -238,3 +238,74 @@ def test_learned_state_round_trip_and_malformed_states():
                    {**state, "theta": state["theta"][:3]}, {**state, "information": "x"}):
         with pytest.raises(ValueError):
             SharedCostModel.from_profile(HF).load_learned_state(broken)
+
+
+def test_a_learned_state_saved_in_the_profile_format_resumes_where_it_ended(tmp_path):
+    """`learned_profile` -> file -> `load_cost_model`: the resumed model prices every cell as the
+    saved one did, counts the steps it resumed from, and whatever `kind` asks, is the shared model."""
+    from adaptive_spec.profiling.profile_file import learned_profile, load_cost_model, load_profile, save_profile
+
+    truth = CostModel.from_profile(scaled_profile(HF, draft=1.3))
+    rng = np.random.default_rng(5)
+    for prior in (HF, None):  # from a profile, and from the generic shape (a file with no tables)
+        model = cost_model_for(prior, "shared")
+        for i in range(120):
+            model.observe(step(truth, 1 + i % 2, 200 + i, i % 6, noise=lambda: rng.normal(0, 0.01)))
+        path = save_profile(learned_profile(model, prior, {"device": "cpu", "threads": 2}), tmp_path / "learned.json")
+        document = load_profile(path)
+        assert document["learned"]["shape"] == ("profile" if prior else "generic")
+        assert "120 steps" in document["name"]
+        resumed = load_cost_model(path, kind="cells")
+        assert isinstance(resumed, SharedCostModel) and resumed.resumed_steps == 120
+        for b in (1, 2, 4):
+            assert resumed.step_seconds_table(b, 500, 8) == pytest.approx(model.step_seconds_table(b, 500, 8), rel=1e-9)
+        # and a fresh model of the same start does not (the saved state is what moved it)
+        fresh = cost_model_for(prior, "shared")
+        assert fresh.step_seconds_table(1, 500, 4) != pytest.approx(model.step_seconds_table(1, 500, 4), rel=1e-3)
+        # saved again after more steps: the same start, not a chain of names
+        resumed.observe(step(truth, 1, 300, 2))
+        again = learned_profile(resumed, document, {"device": "cpu"})
+        assert again["learned"]["shape"] == document["learned"]["shape"] and "121 steps" in again["name"]
+        assert again["name"].count("learned online") == 1
+
+
+def test_foreign_and_malformed_learned_states(tmp_path):
+    """A learned state from another machine loads with a warning (as a profile does); a malformed
+    one is a ProfileError naming the file."""
+    from adaptive_spec.profiling.profile_file import (ProfileError, ProfileMismatchWarning, learned_profile,
+                                                      load_cost_model, save_profile)
+
+    model = cost_model_for(HF, "shared")
+    model.observe(step(CostModel.from_profile(HF), 1, 300, 3))
+    document = learned_profile(model, HF, {"device": "cpu", "device_name": "another CPU", "threads": 64})
+    path = save_profile(document, tmp_path / "foreign.json")
+    with pytest.warns(ProfileMismatchWarning, match="another CPU"):
+        assert load_cost_model(path).resumed_steps == 1
+    broken = json.loads(json.dumps(document))
+    broken["learned"]["state"]["theta"] = [1.0]
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(ProfileError, match="broken.json"):
+        load_cost_model(tmp_path / "broken.json")
+    for section in ({"shape": "profile"}, {"shape": "sideways", "state": {}}):
+        (tmp_path / "bad.json").write_text(json.dumps({**document, "learned": section}))
+        with pytest.raises(ProfileError, match="bad.json"):
+            load_cost_model(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="shared"):
+        learned_profile(CostModel.from_profile(HF), HF, {})
+
+
+def test_profile_show_prints_a_learned_state_against_its_shape(tmp_path, capsys):
+    from adaptive_spec.cli import main
+    from adaptive_spec.profiling.profile_file import learned_profile, save_profile
+
+    truth = CostModel.from_profile(scaled_profile(HF, draft=1.5))
+    for prior in (HF, None):
+        model = cost_model_for(prior, "shared")
+        for i in range(40):
+            model.observe(step(truth, 1, 300 + i, i % 5))
+        path = save_profile(learned_profile(model, prior, {"device": "cpu"}), tmp_path / "learned.json")
+        assert main(["profile", "show", str(path)]) == 0
+        out = capsys.readouterr().out
+        shown = json.loads(out.strip().splitlines()[-1])
+        assert shown["learned_steps"] == 40 and shown["learned_parameters"]["d_base"] == pytest.approx(model.theta[5])
+        assert "learned   40 steps online" in out and ("profile " in out.split("step ms")[1]) == (prior is not None)

@@ -172,7 +172,10 @@ def test_cli_run_then_show(tmp_path, capsys, one_thread):
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["ok"] and result["out"] == str(out) and result["target_cells"] == 6
-    assert load_profile(out)["fingerprint"]["models"]["target"]["random_weights"]
+    models = load_profile(out)["fingerprint"]["models"]
+    assert models["target"]["random_weights"]
+    # no --draft-dtype: the draft as `generate` runs it by default on a CPU under a float32 target
+    assert models["draft"]["dtype"] == "int8" and models["target"]["dtype"] == "float32"
     assert main(["profile", "show", str(out)]) == 0
     shown = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert isinstance(shown["loo_median_rel_error"], float) and shown["loo_points"] == 6 + 4

@@ -69,13 +69,14 @@ after an update (one version counter), and a query adds the context term from on
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .cost_model import _BASE_FLOOR, _USUAL_CATCHUP, Corrections, CostModel, _median, timed_step
 
-__all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "COST_MODELS"]
+__all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "COST_MODELS", "LEARNED_KEY"]
 
 SHARED = ("v_base", "v_rows", "v_first", "v_more", "v_ctx", "d_base", "d_rows", "d_more", "d_ctx", "r")
 _V, _D, _R = slice(0, 5), slice(5, 9), slice(9, 10)
@@ -84,6 +85,7 @@ _VDEV, _DDEV = slice(10, 10 + DEVIATION_K), slice(10 + DEVIATION_K, 10 + 2 * DEV
 PARAMETERS = SHARED + tuple(f"v_dev{k}" for k in range(1, DEVIATION_K + 1)) + tuple(f"d_dev{p}" for p in range(1, DEVIATION_K + 1))
 _KINDS = ("draft", "verify", "rest")  # the CUSUM and noise scale are kept per observation kind
 COST_MODELS = ("cells", "shared")
+LEARNED_KEY = "learned"  # a profile document's section holding a saved `learned_state`
 
 
 class SharedCostModel(CostModel):
@@ -147,6 +149,7 @@ class SharedCostModel(CostModel):
         self._cusum = np.zeros((len(_KINDS), 2))
         self.outliers = 0  # steps with a row rejected (|z| beyond `reject`)
         self.shifts = 0  # CUSUM alarms
+        self.resumed_steps = 0  # steps learned before this start (a loaded learned state)
         self._version = 0
         self._rows: dict[int, tuple] = {}
         self._bases: dict[int, tuple] = {}
@@ -172,7 +175,9 @@ class SharedCostModel(CostModel):
         included), for a later start on the same machine (`load_learned_state`)."""
         return {"kind": "shared", "source": self.source, "parameters": list(PARAMETERS),
                 "theta": [float(v) for v in self.theta], "information": self._info.tolist(),
-                "prior_mean": [float(v) for v in self._prior_mean], "observations": int(self.observations)}
+                "prior_mean": [float(v) for v in self._prior_mean],
+                "prior_information": self._prior_info.tolist(),  # forgetting fades toward it
+                "observations": int(self.observations), "outliers": int(self.outliers), "shifts": int(self.shifts)}
 
     def load_learned_state(self, state: Any) -> None:
         """Start from a `learned_state()` (the noise scale and the CUSUM start afresh); raises
@@ -190,12 +195,16 @@ class SharedCostModel(CostModel):
             raise ValueError(f"a learned cost state lacks theta/information/prior_mean: {error}") from None
         if theta.shape != (n,) or prior_mean.shape != (n,) or information.shape != (n, n):
             raise ValueError("a learned cost state's theta, prior_mean and information have the wrong shapes")
-        if not (np.isfinite(theta).all() and np.isfinite(information).all()):
+        prior_information = np.asarray(state.get("prior_information", self._prior_info), dtype=float)
+        if prior_information.shape != (n, n):
+            raise ValueError("a learned cost state's prior_information has the wrong shape")
+        if not all(np.isfinite(a).all() for a in (theta, information, prior_mean, prior_information)):
             raise ValueError("a learned cost state holds non-finite numbers")
         self.theta, self._info, self._prior_mean = theta, information, prior_mean
+        self._prior_info = prior_information
         self._info_mean = information @ theta
         self._unscaled = {}
-        self.observations = int(state.get("observations", 0))
+        self.observations = self.resumed_steps = int(state.get("observations", 0))
         self._solve()
 
     # --- features ---------------------------------------------------------------------------------
@@ -392,13 +401,36 @@ def cost_model_for(profile: Any, kind: str = "cells", *, whole_step: bool = Fals
     shared-parameter model above) from a profile document, or the generic shape for None.
     `whole_step`: the generic shape for a host that times whole steps (vLLM): it claims no draft
     forward timed apart (`has_draft` False), as a vLLM profile does, so a policy charges a dropped
-    draft as the step increment the host charges, not as the generic draft forward alone."""
+    draft as the step increment the host charges, not as the generic draft forward alone.
+
+    A document with a `learned` section (`profiling.profile_file.learned_profile`: a shared model's
+    state saved after a run) gives the shared model, resumed where that run ended, whatever `kind`
+    says: the state is that model's. Its shape is the document's tables, or the generic one."""
     if kind not in COST_MODELS:
         raise ValueError(f"cost model must be one of {', '.join(COST_MODELS)}, got {kind!r}")
+    learned = profile.get(LEARNED_KEY) if isinstance(profile, Mapping) else None
+    if learned is not None:
+        return _resume(profile, learned, **options)
     cls = SharedCostModel if kind == "shared" else CostModel
     if profile is not None:
         return cls.from_profile(profile, **options)
+    return _generic(cls, whole_step, **options)
+
+
+def _generic(cls, whole_step: bool, **options: Any) -> CostModel:
     model = cls.default(**options)
     if whole_step:
         model._draft_grid = None  # the draft table stays (the shape's draft part); has_draft reads the grid
+    return model
+
+
+def _resume(document: Mapping, learned: Any, **options: Any) -> SharedCostModel:
+    """The shared model of a saved `learned` section; ValueError naming what is malformed."""
+    if not isinstance(learned, Mapping) or learned.get("shape") not in ("profile", "generic"):
+        raise ValueError("a profile's 'learned' section must be a mapping with shape 'profile' or 'generic'")
+    if learned["shape"] == "generic":
+        model = _generic(SharedCostModel, bool(learned.get("whole_step")), **options)
+    else:
+        model = SharedCostModel.from_profile(document, **options)
+    model.load_learned_state(learned.get("state"))
     return model

@@ -90,8 +90,9 @@ def add_profile_commands(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     run.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn",
                      help="what runs float32 Linear layers on CPU, as `generate --cpu-linear` (default onednn)")
-    run.add_argument("--draft-dtype", choices=("same", "int8"), default="same",
-                     help="int8: dynamically quantised draft (CPU), as `generate --draft-dtype int8` runs it")
+    run.add_argument("--draft-dtype", choices=("auto", "same", "int8"), default="auto",
+                     help="int8: dynamically quantised draft (CPU); same: the target's precision; auto: as "
+                          "`generate` runs the draft by default (int8 on a CPU under a float32 target)")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", default=None, help="output file (default profiles/<name>.json)")
@@ -161,7 +162,10 @@ def _load_models(args, dtype, device):
         elif pair is not None and not args.draft:
             draft_name = pair.draft
             draft = pretrained(draft_name)
-    if draft is not None and getattr(args, "draft_dtype", "same") == "int8":
+    draft_dtype = getattr(args, "draft_dtype", "same")
+    if draft_dtype == "auto":  # what generate and bench run by default (cli.common.draft_precision)
+        draft_dtype = "int8" if str(device) == "cpu" and args.dtype == "float32" else "same"
+    if draft is not None and draft_dtype == "int8":
         if str(device) != "cpu":
             raise ValueError("--draft-dtype int8 is dynamic quantisation, which runs on the CPU only")
         draft = quantize_int8(draft.float()).eval()
@@ -226,13 +230,20 @@ def _num(value: float):
 
 def _show(args) -> int:
     from ..control.cost_model import CostModel
-    from .profile_file import ProfileError, ProfileMismatchWarning, check_fingerprint, load_profile, machine_fingerprint
+    from ..control.online_cost import cost_model_for
+    from .profile_file import (ProfileError, ProfileMismatchWarning, check_fingerprint, is_learned, load_profile,
+                               machine_fingerprint)
 
     if not args.profile_path:
         return _error("`profile show` needs a PROFILE file")
     path = args.profile_path
+    learned = None
     try:
         profile = load_profile(path)
+        if is_learned(profile):  # a learned state: the shared model it resumes, beside its shape
+            learned = cost_model_for(profile)
+            if profile["learned"].get("shape") == "generic":
+                return _show_generic_learned(path, profile, learned)
         model = CostModel.from_profile(profile)
     except ProfileError as error:
         return _error(str(error))
@@ -283,7 +294,10 @@ def _show(args) -> int:
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     print(f"this machine: {'matches the profile' if not differences else 'differs: ' + '; '.join(differences)}")
+    if learned is not None:
+        _print_learned(profile, learned, model)
     print(json.dumps({
+        **(_learned_summary(learned) if learned is not None else {}),
         "command": "profile show", "ok": True, "profile": str(path), "name": profile.get("name"),
         "device": fp.get("device"), "device_name": fp.get("device_name"), "threads": fp.get("threads"),
         "target": ((fp.get("models") or {}).get("target") or {}).get("name"),
@@ -296,6 +310,37 @@ def _show(args) -> int:
         "loo_draft_median_rel_error": _num(summary.get("draft_median_rel_error")),
         "machine_matches": not differences,
     }))  # fmt: skip
+    return 0
+
+
+def _print_learned(profile: dict, learned, measured=None) -> None:
+    """A learned state's parameters, and its step prices against its shape's (the profile's)."""
+    section = profile["learned"]
+    scales = "  ".join(f"{name} {value:.3f}" for name, value in learned.parameters().items())
+    print(f"learned   {learned.observations} steps online from {section.get('from')} "
+          f"(saved {section.get('created_utc', '?')}): {scales}")
+    context = learned.grid("target")["contexts"][0]
+    for batch in learned.grid("target")["batch_sizes"][:4]:
+        now = [f"{1e3 * t:.0f}" for t in learned.step_seconds_table(int(batch), context, 6)]
+        shape = "" if measured is None else ", profile " + "/".join(
+            f"{1e3 * t:.0f}" for t in measured.step_seconds_table(int(batch), context, 6))
+        print(f"step ms   batch {int(batch)} context {int(context)}, K = 0..6: learned {'/'.join(now)}{shape}")
+
+
+def _learned_summary(learned) -> dict:
+    return {"learned_steps": int(learned.observations), "learned_parameters": learned.parameters()}
+
+
+def _show_generic_learned(path: str, profile: dict, learned) -> int:
+    """`profile show` of a learned state that started from the generic shape (no measured tables)."""
+    fp = profile["fingerprint"]
+    print(f"profile   {profile.get('name')}  ({path}): a learned state of the generic shape, no measured tables")
+    print(f"machine   {fp.get('device')} {fp.get('device_name')!s}, {fp.get('threads')} threads, "
+          f"torch {fp.get('torch_version')}")  # fmt: skip
+    _print_learned(profile, learned)
+    print(json.dumps({"command": "profile show", "ok": True, "profile": str(path), "name": profile.get("name"),
+                      "device": fp.get("device"), "device_name": fp.get("device_name"),
+                      "threads": fp.get("threads"), **_learned_summary(learned)}))
     return 0
 
 

@@ -19,6 +19,11 @@ A profile is data, not code. Its top level (schema version 1):
                     like a `StepRecord`: ``draft_extra``, ``verify_extra``, ``rest`` (medians) and
                     their ``*_samples``
 ``warnings``        cells whose spread was high, and anything else worth knowing
+``learned``         only in a learned state (`learned_profile`, written by ``--save-learned``): the
+                    shared online cost model's state after a run (``state``), the shape it corrects
+                    (``shape``: "profile", the tables of this document, copied from the profile it
+                    started from; or "generic", no tables), ``whole_step``, ``from``, ``created_utc``;
+                    ``fingerprint`` is then the machine it learned on
 
 `profile_frame(profile, "target")` gives any table as a pandas DataFrame (one row per sample).
 """
@@ -50,7 +55,10 @@ __all__ = [
     "fingerprint_value",
     "config_hash",
     "check_fingerprint",
+    "fingerprint_differences",
     "load_cost_model",
+    "learned_profile",
+    "is_learned",
 ]
 
 FORMAT = "adaptive-spec-profile"
@@ -178,8 +186,12 @@ def validate_profile(data: Any, source: str = "<profile>") -> None:
         fail(f"schema_version {version} is newer than this code understands ({SCHEMA_VERSION}); upgrade adaptive-spec")
     if not isinstance(data.get("fingerprint"), Mapping):
         fail("'fingerprint' is missing")
+    learned = data.get("learned")
+    if learned is not None and not (isinstance(learned, Mapping) and isinstance(learned.get("state"), Mapping)):
+        fail("'learned' must be an object with a 'state'")
     target = data.get("target")
-    if not isinstance(target, list) or not target:
+    generic = learned is not None and learned.get("shape") == "generic"  # a learned state of the generic shape
+    if not isinstance(target, list) or not (target or generic):
         fail("'target' has no measurements")
     for name, keys in (("target", ("batch", "context", "query_tokens", "median")),
                        ("draft", ("batch", "context", "query_tokens", "median")),
@@ -330,12 +342,27 @@ def check_fingerprint(profile: Mapping[str, Any], current: Mapping[str, Any], st
     Returns the differences, one string each ("threads: profile 2, here 16"). Any difference
     warns with `ProfileMismatchWarning`, or raises `ProfileMismatchError` when `strict`.
     """
-    recorded = profile.get("fingerprint") or {}
     name = source or profile.get("name") or "profile"
+    differences = fingerprint_differences(profile, current)
+    if differences:
+        message = (f"profile {name!r} was measured on a different machine or with different models "
+                   f"({'; '.join(differences)}); its costs may be off until the online correction catches up")  # fmt: skip
+        if strict:
+            raise ProfileMismatchError(message)
+        warnings.warn(message, ProfileMismatchWarning, stacklevel=2)
+    return differences
+
+
+def fingerprint_differences(profile: Mapping[str, Any], current: Mapping[str, Any], *,
+                            machine_only: bool = False) -> list[str]:  # fmt: skip
+    """`check_fingerprint`'s differences, without warning; `machine_only`: the machine's alone."""
+    recorded = profile.get("fingerprint") or {}
     differences = []
     for key in MACHINE_KEYS:
         if key in current and recorded.get(key) != current.get(key):
             differences.append(f"{key}: profile {recorded.get(key)!r}, here {current.get(key)!r}")
+    if machine_only:
+        return differences
     recorded_models = recorded.get("models") or {}
     for role, model in (current.get("models") or {}).items():
         if model is None:
@@ -348,24 +375,32 @@ def check_fingerprint(profile: Mapping[str, Any], current: Mapping[str, Any], st
             recorded_value = fingerprint_value(theirs, key)
             if key in model and recorded_value != model.get(key):
                 differences.append(f"{role}.{key}: profile {recorded_value!r}, here {model.get(key)!r}")
-    if differences:
-        message = (f"profile {name!r} was measured on a different machine or with different models "
-                   f"({'; '.join(differences)}); its costs may be off until the online correction catches up")  # fmt: skip
-        if strict:
-            raise ProfileMismatchError(message)
-        warnings.warn(message, ProfileMismatchWarning, stacklevel=2)
     return differences
 
 
 def load_cost_model(path: str | os.PathLike, target: Any = None, draft: Any = None, device: str | None = None,
-                    strict: bool = False, **options: Any):  # fmt: skip
-    """Load a profile, check it against this machine (and the given models), and build its
-    `CostModel`. A mismatch warns (raises under `strict`); a bad file raises `ProfileError`."""
-    from ..control.cost_model import CostModel
+                    strict: bool = False, kind: str = "cells", **options: Any):  # fmt: skip
+    """Load a profile (or a learned state), check it against this machine (and the given models),
+    and build its cost model of `kind` (`control.online_cost.cost_model_for`; a learned state
+    always gives the shared model it saved). A mismatch warns (raises under `strict`); a bad file
+    raises `ProfileError`."""
+    from ..control.online_cost import cost_model_for
 
     profile = load_profile(path)
+    check_fingerprint(profile, running_fingerprint(profile, target, draft, device), strict=strict, source=str(path))
+    try:
+        return cost_model_for(profile, kind, **options)
+    except ValueError as error:
+        raise ProfileError(f"profile {str(path)!r} cannot give a cost model: {error}") from None
+
+
+def running_fingerprint(profile: Mapping[str, Any] | None, target: Any = None, draft: Any = None,
+                        device: str | None = None) -> dict:  # fmt: skip
+    """This machine's fingerprint with the given models under ``models``, as `check_fingerprint`
+    compares it; the device is the target's, else the profile's, else the CPU."""
     if device is None:
-        device = str(next(target.parameters()).device) if target is not None else (profile["fingerprint"].get("device") or "cpu")
+        recorded = (profile or {}).get("fingerprint") or {}
+        device = str(next(target.parameters()).device) if target is not None else (recorded.get("device") or "cpu")
     current = machine_fingerprint(device)
     models = {}
     if target is not None:
@@ -373,11 +408,45 @@ def load_cost_model(path: str | os.PathLike, target: Any = None, draft: Any = No
     if draft is not None and hasattr(draft, "parameters"):
         models["draft"] = model_fingerprint(draft)
     current["models"] = models
-    check_fingerprint(profile, current, strict=strict, source=str(path))
-    try:
-        return CostModel.from_profile(profile, **options)
-    except ValueError as error:
-        raise ProfileError(f"profile {str(path)!r} cannot give a cost model: {error}") from None
+    return current
+
+
+def is_learned(profile: Mapping[str, Any]) -> bool:
+    """Whether a profile document is a learned state (`learned_profile`)."""
+    return isinstance(profile, Mapping) and profile.get("learned") is not None
+
+
+def learned_profile(model: Any, prior: Mapping[str, Any] | None, fingerprint: Mapping[str, Any], *,
+                    whole_step: bool = False) -> dict:  # fmt: skip
+    """A shared cost model's state after a run, in the profile format: the tables of `prior` (the
+    profile it started from, the shape it corrects; none for the generic shape), `fingerprint` (the
+    machine and models it learned on) and a ``learned`` section. `--profile` takes the file, and the
+    next start resumes where this run ended."""
+    import datetime
+
+    if not hasattr(model, "learned_state"):
+        raise ValueError("only the shared cost model (--cost-model shared) has a learned state to save")
+    state = model.learned_state()
+    document = {key: value for key, value in (prior or {}).items() if key != "learned"}
+    document.setdefault("format", FORMAT)
+    document.setdefault("schema_version", SCHEMA_VERSION)
+    document.setdefault("target", [])
+    if is_learned(prior):  # resumed from a learned state: the same shape, named after the same start
+        earlier = prior["learned"]
+        shape, started, whole_step = earlier.get("shape"), earlier.get("from"), bool(earlier.get("whole_step"))
+    else:
+        shape = "generic" if prior is None else "profile"
+        started = (prior or {}).get("name") or ("the generic shape" if prior is None else "a profile")
+    document["name"] = f"{started}, learned online over {state['observations']} steps"
+    document["fingerprint"] = {**((prior or {}).get("fingerprint") or {}), **fingerprint}
+    document["learned"] = {
+        "shape": shape,
+        "whole_step": bool(whole_step),
+        "from": str(started),
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "state": state,
+    }
+    return document
 
 
 # --- acceptance learned with a profile's models (the goodput policy's warm start) ---------------
