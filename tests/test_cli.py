@@ -183,6 +183,41 @@ def test_bench_mix_interleaves_workloads_through_persistent_policies(tiny_model_
         assert max(f["ratio_to_best_static"] for f, r in zip(figures, document["runs"]) if r["config"] != "goodput") == 1.0
 
 
+def test_bench_compares_cost_model_starts_in_one_run(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """`goodput@START` lanes: each cost model starts where it is told (a learned-state file, the
+    generic shape), learns from its own steps, and says so; --save-learned keeps the busiest one."""
+    from adaptive_spec.cli import common
+
+    target, draft, _ = tiny_model_dirs
+    _fake_prompt_sets(monkeypatch)
+    started = tmp_path / "started.json"
+    assert main(["generate", "--target", target, "--draft", draft, "--prompt", PROMPT, "--policy", "goodput",
+                 "--profile", "none", "--max-new-tokens", "8", "--ignore-eos", "--save-learned", str(started)]) == 0
+    capsys.readouterr()
+    built = []
+    factory = common.policy_factory
+    monkeypatch.setattr("adaptive_spec.cli.bench.policy_factory",
+                        lambda args, loaded: built.append(factory(args, loaded)) or built[-1])
+    learned = tmp_path / "learned.json"
+    code = main(["bench", "--target", target, "--draft", draft, "--mix", "humaneval:2,sharegpt:2", "--no-hf",
+                 "--policies", f"static:2,goodput@none,goodput@{started}", "--profile", "none",
+                 "--cost-model", "shared", "--temperatures", "0", "--max-new-tokens", "6", "--no-chat",
+                 "--save-learned", str(learned)])
+    captured = capsys.readouterr()
+    document = json.loads(captured.out.strip().splitlines()[-1])
+    assert code == 0
+    rows = {row["config"]: row for row in document["runs"]}
+    assert set(rows) == {"static:2", "goodput@none", f"goodput@{started}"} and "cost_model" not in rows["static:2"]
+    for name in ("goodput@none", f"goodput@{started}"):
+        assert rows[name]["cost_model"]["kind"] == "shared" and rows[name]["cost_model"]["observations"] > 0
+        assert f"[{name} at t=0.0: cost model shared learned from" in captured.out
+    # the lane that resumed counts the steps it resumed from on top of this run's
+    resumed = [m for m, _ in built[0].built if m.resumed_steps][-1]  # the stream's lane (after the warm-up's)
+    steps_before = json.loads(started.read_text())["learned"]["state"]["observations"]
+    assert resumed.resumed_steps == steps_before and resumed.observations > steps_before
+    assert f"[learned cost state: {started}" in captured.err and json.loads(learned.read_text())["learned"]
+
+
 def test_bench_batch_4_closed_loop_keeps_4_requests_in_flight(tiny_model_dirs, monkeypatch, capsys):
     target, draft, _ = tiny_model_dirs
     _fake_prompt_sets(monkeypatch)
@@ -267,6 +302,59 @@ def test_profile_auto_never_picks_a_vllm_profile_for_this_engine(tmp_path, monke
     assert common.find_profile(loaded).name == "b-hf.json"
     (tmp_path / "b-hf.json").unlink()
     assert common.find_profile(loaded) is None
+
+
+def test_profile_auto_prefers_this_machine_then_a_learned_state(tmp_path, monkeypatch):
+    """Of profiles for the same models, one of another machine that sorts first loses to one of this
+    machine; a learned state of this machine beats the measured profile it holds."""
+    from types import SimpleNamespace
+
+    from adaptive_spec.cli import common
+    from adaptive_spec.profiling.profile_file import MACHINE_KEYS, machine_fingerprint
+
+    profile = json.loads((common.PROFILES_DIR / "cpu-2core-qwen-coder-fp32.json").read_text())
+    here = machine_fingerprint("cpu")
+    mine = {**profile, "fingerprint": {**profile["fingerprint"], **{k: here[k] for k in MACHINE_KEYS}}}
+    other = {**profile, "fingerprint": {**mine["fingerprint"], "device_name": "another CPU"}}
+    (tmp_path / "a-other.json").write_text(json.dumps(other))
+    (tmp_path / "b-mine.json").write_text(json.dumps(mine))
+    monkeypatch.setattr(common, "PROFILES_DIR", tmp_path)
+    loaded = SimpleNamespace(target=None, draft_model=None, target_name="qwen2.5-coder-1.5b-instruct",
+                             draft_name="qwen2.5-coder-0.5b-instruct")
+    assert common.find_profile(loaded).name == "b-mine.json"
+    (tmp_path / "c-learned.json").write_text(json.dumps({**mine, "learned": {"shape": "profile", "state": {}}}))
+    assert common.find_profile(loaded).name == "c-learned.json"
+    (tmp_path / "b-mine.json").unlink()
+    (tmp_path / "c-learned.json").unlink()
+    assert common.find_profile(loaded).name == "a-other.json"  # another machine's is still better than none
+
+
+def test_generate_saves_what_goodput_learned_and_the_next_run_resumes_it(tiny_model_dirs, tmp_path, capsys):
+    target, draft, _ = tiny_model_dirs
+    learned = tmp_path / "learned.json"
+    run = ["generate", "--target", target, "--draft", draft, "--prompt", PROMPT, "--policy", "goodput",
+           "--max-new-tokens", "12", "--ignore-eos", "--save-learned", str(learned)]
+    assert main([*run, "--profile", "none"]) == 0
+    err = capsys.readouterr().err
+    document = json.loads(learned.read_text())
+    steps = document["learned"]["state"]["observations"]
+    assert steps > 0 and document["learned"]["shape"] == "generic" and f"{steps} steps this run" in err
+    assert document["fingerprint"]["models"]["target"]["num_hidden_layers"] is not None  # the models it learned with
+    assert main([*run, "--profile", str(learned)]) == 0
+    err = capsys.readouterr().err
+    assert f"[learned cost state: {learned}, {steps} steps]" in err  # it says where it started from
+    assert json.loads(learned.read_text())["learned"]["state"]["observations"] > steps
+
+
+def test_save_learned_with_nothing_to_save_or_a_contradiction_says_so(tiny_model_dirs, tmp_path, capsys):
+    target, draft, _ = tiny_model_dirs
+    learned = tmp_path / "learned.json"
+    base = ["generate", "--target", target, "--draft", draft, "--prompt", PROMPT, "--max-new-tokens", "6",
+            "--save-learned", str(learned)]
+    assert main([*base, "--policy", "goodput", "--cost-model", "cells"]) == 2
+    assert "--save-learned needs --cost-model shared" in capsys.readouterr().err
+    assert main([*base, "--policy", "static:2"]) == 0  # no policy read costs: nothing learned, and it says so
+    assert "not written" in capsys.readouterr().err and not learned.exists()
 
 
 def test_a_reader_that_leaves_early_ends_the_command_quietly():

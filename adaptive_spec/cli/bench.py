@@ -2,7 +2,10 @@
 the same prompts, in one process, side by side.
 
 Configurations: `hf-plain`, `hf-assisted`, `hf-heuristic` (Hugging Face's own implementations; the
-assisted ones need a draft model) and any engine policies by name.
+assisted ones need a draft model) and any engine policies by name. `POLICY@START` starts that
+policy's cost model from START instead of `--profile` (a profile or learned-state file, `none` or
+`auto`; the acceptance warm start stays `--profile`'s), so one run compares starts that differ in
+their costs alone: `goodput@none,goodput@profiles/mine.json`.
 
 Stream: the prompts in the order the prompt options give them, or, with `--mix humaneval:8,sharegpt:8`,
 one stream interleaving the workloads round robin in the order named (HumanEval 1, ShareGPT 1,
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import platform
 import sys
@@ -53,14 +57,17 @@ import torch
 from tqdm import tqdm
 
 from ..control import make_policy
+from ..profiling.profile_file import load_profile
 from ..results.comparisons import compare, format_intervals, rotated
 from ..results.result_file import add_save_option, result_document, save_result
 from ..control.policy import StaticPolicy
 from ..engine import SpecEngine
-from .common import (add_model_options, add_prompt_options, draft_precision, encode_all, gather_mix, gather_prompts,
-                     load_models, parse_mix, policy_factory, print_json_line, stop_ids, summarize)
+from .common import (add_learning_options, add_model_options, add_prompt_options, add_structured_options,
+                     cost_model_kind, draft_precision, encode_all, gather_mix, gather_prompts, grammar_from_args,
+                     load_models, parse_mix, policy_factory, print_json_line, save_learned, stop_ids, summarize)
 from ..integrations.vllm.bench import DEFAULT_CONFIGS as VLLM_DEFAULT_CONFIGS
 from ..integrations.vllm.bench import add_vllm_bench_options, run_vllm_bench
+from ..integrations.vllm.controller import ControllerSettings
 from ..sampling.params import SamplingParams
 
 DEFAULT_POLICIES = "off,static:1,static:2,static:3,static:4,static:5,static:6"
@@ -87,7 +94,10 @@ def add_bench_command(subparsers) -> None:
     parser.add_argument("--batch-size", type=int, default=1,
                         help="requests in flight per configuration (closed loop); above 1 the HF baselines are skipped")
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated engine policies")
-    parser.add_argument("--profile", default="auto", help="latency profile for goodput: a file, 'auto' or 'none'")
+    parser.add_argument("--profile", default="auto",
+                        help="latency profile for goodput: a file (a profile or a learned state), 'auto' or 'none'")
+    add_learning_options(parser)
+    add_structured_options(parser)
     parser.add_argument("--temperatures", default="0,0.7", help="comma-separated; 0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -138,13 +148,21 @@ def run_bench(args) -> int:
         labelled = round_robin([[(name, prompt) for prompt in prompts] for name, prompts in gather_mix(args, mix)])
     else:
         labelled = [("prompts" if p.source == args.prompts else p.source, p) for p in gather_prompts(args)]
+    grammar = grammar_from_args(args)  # a malformed one fails before any model loads
     if args.engine == "vllm":
+        if grammar is not None:
+            raise ValueError("structured output in bench runs our engine (--engine hf); through vLLM, send "
+                             "response_format to a server (bench --url)")
+        ControllerSettings("goodput", None, args.cost_model, args.save_learned).cost_model_kind  # contradictions fail now
         if args.batch_size != 1:
             raise ValueError("--batch-size is for --engine hf; with --engine vllm, load the engine with --rate R")
         if args.policies == DEFAULT_POLICIES:
             args.policies = VLLM_DEFAULT_CONFIGS
         prompts = [p for _, p in labelled]
         return run_vllm_bench(args, prompts if mix else _interleave_sources(prompts))
+    cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads
+    for start in {p.partition("@")[2].strip() for p in args.policies.split(",")} - {"", "none", "auto"}:
+        load_profile(start)  # a missing or corrupt POLICY@FILE fails now, too
     loaded = load_models(args)
     encoded = encode_all([p for _, p in labelled], loaded.tokenizer, chat=not args.no_chat)
     one_pass = list(zip(labelled, encoded))
@@ -155,6 +173,11 @@ def run_bench(args) -> int:
     temperatures = [float(t) for t in args.temperatures.split(",")]
     hf_configs = ["hf-plain"] + (["hf-assisted", "hf-heuristic"] if loaded.draft_model is not None else [])
     configs = [] if args.no_hf else hf_configs
+    args.constraint = None if grammar is None else grammar.constraint(loaded.tokenizer, loaded.target.config.vocab_size)
+    if configs and grammar is not None:
+        print(f"[structured output: Hugging Face generate has no grammar here; skipping {', '.join(configs)}]",
+              file=sys.stderr)
+        configs = []
     if configs and args.batch_size > 1:
         print(f"[batch size {args.batch_size}: Hugging Face generate cannot replace finished requests "
               f"mid-batch; skipping {', '.join(configs)}]", file=sys.stderr)
@@ -195,6 +218,12 @@ def run_bench(args) -> int:
 
     _print_table(rows, workloads)
     print(format_intervals(intervals))
+    for row in rows:
+        if "cost_model" in row:
+            learned = row["cost_model"]
+            events = f", {learned['outliers']} outliers, {learned['shifts']} shifts" if learned["kind"] == "shared" else ""
+            print(f"[{row['config']} at t={row['temperature']}: cost model {learned['kind']} learned from "
+                  f"{learned['observations']} steps{events}]")
     single = len(temperatures) == 1
     document = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -203,6 +232,7 @@ def run_bench(args) -> int:
                      "draft_dtype": draft_precision(args), "prompts": [a.prompt_id for a in stream],
                      "workloads": [a.workload for a in stream], "mix": dict(mix) if mix else None,
                      "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "batch_size": args.batch_size,
+                     "structured": _structured(args),
                      "repeats": args.repeats},
         "runs": rows,
         # temperature -> config -> ratios to the best static configuration and to off, with paired
@@ -219,6 +249,7 @@ def run_bench(args) -> int:
             json.dump(document, handle, indent=1)
     if args.save:
         _save(args, document, lanes_by_temperature, cost_model)
+    save_learned(args, cost_model, loaded)
     print_json_line(document)
     return 0
 
@@ -284,7 +315,10 @@ class EngineLane:
 
     def __init__(self, name: str, loaded, stops: tuple[int, ...], args, temperature: float, cost_model):
         self.name, self.stops, self.args, self.temperature = name, stops, args, temperature
-        self.policy = make_policy(name, cost_model)
+        spec, _, start = name.partition("@")
+        if start:  # this lane's cost model starts from its own profile (see the module docstring)
+            cost_model = functools.partial(cost_model, profile=start)
+        self.policy = make_policy(spec, cost_model)
         self.static = isinstance(self.policy, StaticPolicy)
         self.engine = SpecEngine(loaded.target, _own_drafter(loaded), policy=self.policy,
                                  max_batch_size=args.batch_size, seed=args.seed)
@@ -351,7 +385,8 @@ class EngineLane:
     # --- helpers -----------------------------------------------------------------------------
     def _params(self, arrival: Arrival) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.args.top_p if self.temperature > 0 else 1.0,
-                              max_new_tokens=self.args.max_new_tokens, seed=arrival.seed, stop_token_ids=self.stops)
+                              max_new_tokens=self.args.max_new_tokens, seed=arrival.seed, stop_token_ids=self.stops,
+                              constraint=getattr(self.args, "constraint", None))
 
     def _tally(self, arrival: Arrival) -> Tally:
         return self.tallies.setdefault(arrival.workload, Tally())
@@ -395,8 +430,29 @@ def _rows(lanes: dict, temperature: float, workloads: list[str], batch_size: int
                "workloads": {w: _figures(t) for w, t in zip(workloads, tallies)}}
         if batch_size > 1:
             row["peak_batch"] = lane.peak_batch
+        learned = _cost_model_events(getattr(getattr(lane, "policy", None), "cost_model", None))
+        if learned:
+            row["cost_model"] = learned
         rows.append(row)
     return rows
+
+
+def _structured(args) -> str | None:
+    """Which structured-output option constrained every request, as typed (None: free text)."""
+    for option in ("json_schema", "regex", "choice", "grammar"):
+        if getattr(args, option, None) is not None:
+            return f"--{option.replace('_', '-')} {getattr(args, option)}"
+    return "--json" if getattr(args, "json", False) else None
+
+
+def _cost_model_events(model) -> dict | None:
+    """What a policy's cost model learned in the run: steps learned from; for the shared model the
+    steps it ignored as outliers and the sustained shifts it detected."""
+    if model is None or not hasattr(model, "observations"):
+        return None
+    shared = hasattr(model, "shifts")
+    return {"kind": "shared" if shared else "cells", "observations": int(model.observations),
+            "outliers": int(model.outliers) if shared else None, "shifts": int(model.shifts) if shared else None}
 
 
 def _figures(tally: Tally) -> dict:

@@ -15,6 +15,7 @@ from ..resources import data_dir
 from ..engine.request import GenerationResult
 from ..modeling.cpu_linear import KERNELS
 from ..modeling.loading import PRECISIONS, LoadedPair, load_pair
+from ..sampling.grammar import Grammar
 from ..sampling.params import SamplingParams
 
 DEFAULT_PAIR = "qwen-coder"
@@ -62,6 +63,39 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
 
 
+def add_structured_options(parser: argparse.ArgumentParser) -> None:
+    structured = parser.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
+    structured.add_argument("--json-schema", metavar="FILE", default=None, help="output JSON matching this schema")
+    structured.add_argument("--json", action="store_true", help="output any JSON value")
+    structured.add_argument("--regex", default=None, help="output matching this regular expression")
+    structured.add_argument("--choice", default=None, metavar="A,B,...", help="output exactly one of these strings")
+    structured.add_argument("--grammar", metavar="FILE", default=None,
+                            help="output matching this grammar (llguidance's Lark syntax, or GBNF)")
+
+
+def grammar_from_args(args) -> Grammar | None:
+    """The structured-output option given, if any; a missing or malformed file is a clear error."""
+    if args.json_schema:
+        return Grammar.json_schema(_read(args.json_schema, "--json-schema"))
+    if args.json:
+        return Grammar.json()
+    if args.regex is not None:
+        return Grammar.regex(args.regex)
+    if args.choice is not None:
+        return Grammar.choice([option.strip() for option in args.choice.split(",")])
+    if args.grammar:
+        return Grammar.lark(_read(args.grammar, "--grammar"))
+    return None
+
+
+def _read(path: str, option: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as error:
+        raise FileNotFoundError(f"{option}: cannot read {path}: {error.strerror}") from None
+
+
 PROFILES_DIR = data_dir("profiles")
 
 
@@ -71,40 +105,110 @@ def add_policy_options(parser: argparse.ArgumentParser, default: str) -> None:
                        help="off | static:K | goodput | heuristic | confidence:P | ema-tiers | batch-table | a preset "
                             "name from policies/ | a preset .toml path")
     group.add_argument("--profile", default="auto",
-                       help="latency profile for the goodput policy: a JSON file, 'auto' (a profile in profiles/ "
-                            "made for these models, if any) or 'none' (learn costs online from a generic start)")
+                       help="latency profile for the goodput policy: a JSON file (a profile, or a learned state "
+                            "from --save-learned), 'auto' (the best match in profiles/ for these models: one of this "
+                            "machine first) or 'none' (learn costs online from a generic start)")
+    add_learning_options(group)
+
+
+def add_learning_options(parser) -> None:
+    """--cost-model and --save-learned, for the commands that run our engine."""
+    from ..control.online_cost import COST_MODELS
+
+    parser.add_argument("--cost-model", choices=COST_MODELS, default=None,
+                        help="goodput's online cost correction: cells (per (batch, K) cell) or shared (parameters "
+                             "shared by every cell, control/online_cost.py); default cells, shared with "
+                             "--save-learned or a learned --profile")
+    parser.add_argument("--save-learned", metavar="FILE", default=None,
+                        help="after the run, write the shared cost model's learned state here (profile format; "
+                             "pass it as --profile to start the next run where this one ended)")
+
+
+def cost_model_kind(args) -> str:
+    """--cost-model, or its default: shared when a learned state is saved, else cells."""
+    if args.cost_model is not None:
+        if args.cost_model != "shared" and getattr(args, "save_learned", None):
+            raise ValueError("--save-learned needs --cost-model shared: the per-cell correction has no state to save")
+        return args.cost_model
+    return "shared" if getattr(args, "save_learned", None) else "cells"
 
 
 def policy_factory(args, loaded: LoadedPair):
-    """A zero-argument cost-model factory for `make_policy`: loads the profile only if a policy needs it."""
+    """A cost-model factory for `make_policy`: loads the profile only if a policy needs it. Called
+    with no argument it starts from --profile; ``factory(profile=P)`` from P instead ('none', 'auto'
+    or a file: `bench`'s ``goodput@P``), the acceptance warm start still --profile's, so starts that
+    differ in costs alone can be compared. Each model it builds is kept in ``factory.built`` as
+    (model, the profile document or None), so `save_learned` can write what the run learned."""
+    from ..profiling.profile_file import acceptance_path, is_learned, load_acceptance, load_cost_model, load_profile
 
-    def cost_model():
-        from ..profiling.profile_file import acceptance_path, load_acceptance, load_cost_model
+    kind = cost_model_kind(args)
 
-        path = find_profile(loaded) if args.profile == "auto" else None if args.profile == "none" else args.profile
+    def resolve(profile: str) -> Path | str | None:
+        return find_profile(loaded) if profile == "auto" else None if profile == "none" else profile
+
+    def cost_model(profile: str | None = None):
+        from ..control.online_cost import cost_model_for
+
+        path = resolve(profile or args.profile)
         if path is None:
             print("[no latency profile for these models: goodput learns step costs online]", file=sys.stderr)
-            return None
-        print(f"[latency profile: {path}]", file=sys.stderr)
-        model = load_cost_model(path, loaded.target, loaded.draft_model)
-        model.warm_start = load_acceptance(acceptance_path(path))
+            model, document = cost_model_for(None, kind), None
+        else:
+            model = load_cost_model(path, loaded.target, loaded.draft_model, kind=kind)
+            document = load_profile(path)
+            if is_learned(document):
+                print(f"[learned cost state: {path}, {model.resumed_steps} steps]", file=sys.stderr)
+            else:
+                print(f"[latency profile: {path}]", file=sys.stderr)
+        warm_from = resolve(args.profile) if profile else path
+        model.warm_start = load_acceptance(acceptance_path(warm_from)) if warm_from is not None else None
         if model.warm_start:
-            print(f"[acceptance warm start: {acceptance_path(path)}]", file=sys.stderr)
+            print(f"[acceptance warm start: {acceptance_path(warm_from)}]", file=sys.stderr)
+        cost_model.built.append((model, document))
         return model
 
+    cost_model.built = []
     return cost_model
+
+
+def save_learned(args, factory, loaded: LoadedPair) -> Path | None:
+    """Write --save-learned: the state of the model that learned the most steps this run."""
+    from ..profiling.profile_file import learned_profile, running_fingerprint, save_profile
+
+    if not getattr(args, "save_learned", None):
+        return None
+    learned = [(model.observations - getattr(model, "resumed_steps", 0), model, document)
+               for model, document in factory.built if hasattr(model, "learned_state")]
+    learned = [entry for entry in learned if entry[0] > 0]
+    if not learned:
+        print(f"[--save-learned: no policy learned step costs in this run (does one read costs, such as "
+              f"goodput?); {args.save_learned} not written]", file=sys.stderr)
+        return None
+    steps, model, document = max(learned, key=lambda entry: entry[0])
+    fingerprint = running_fingerprint(document, loaded.target, loaded.draft_model)
+    for role, name in (("target", loaded.target_name), ("draft", loaded.draft_name)):
+        if role in fingerprint["models"] and name and not Path(name).is_dir():  # registry names: what `auto` matches
+            fingerprint["models"][role]["name"] = str(name)
+    path = save_profile(learned_profile(model, document, fingerprint), args.save_learned)
+    print(f"[learned cost state: {steps} steps this run, {model.observations} in all, "
+          f"{model.outliers} outliers, {model.shifts} shifts -> {path}]", file=sys.stderr)
+    return path
 
 
 def find_profile(loaded: LoadedPair) -> Path | None:
     """The profile in profiles/ whose fingerprint names these target and draft models, preferring
-    one measured with the same precisions and Linear kernels (an int8 draft costs about half an fp32
-    one; oneDNN's float32 matmul about half of torch's default on a multi-token verify)."""
-    from ..profiling.profile_file import fingerprint_value, model_fingerprint, profile_engine
+    one of this machine (device, its name, torch version, threads), then one measured with the same
+    precisions and Linear kernels (an int8 draft costs about half an fp32 one; oneDNN's float32
+    matmul about half of torch's default on a multi-token verify), then a learned state over a
+    measured profile (it holds that profile and what runs taught since)."""
+    from ..profiling.profile_file import (fingerprint_differences, fingerprint_value, is_learned, model_fingerprint,
+                                          profile_engine, running_fingerprint)
 
     def how(fingerprint):
         return fingerprint_value(fingerprint or {}, "dtype"), fingerprint_value(fingerprint or {}, "linear_kernel")
 
     wanted = [how(model_fingerprint(m)) if m is not None else None for m in (loaded.target, loaded.draft_model)]
+    here = running_fingerprint(None, loaded.target)
     matches = []
     for path in sorted(PROFILES_DIR.glob("*.json")):
         if path.name.endswith(".acceptance.json"):
@@ -120,8 +224,9 @@ def find_profile(loaded: LoadedPair) -> Path | None:
         target, draft = models.get("target") or {}, models.get("draft") or {}
         if target.get("name") == loaded.target_name and draft.get("name") == loaded.draft_name:
             found = [how(target), how(draft)]
-            matches.append((sum(a != b for a, b in zip(found, wanted)), path))
-    return min(matches)[1] if matches else None
+            other_machine = bool(fingerprint_differences(profile, here, machine_only=True))
+            matches.append((other_machine, sum(a != b for a, b in zip(found, wanted)), not is_learned(profile), path))
+    return min(matches)[-1] if matches else None
 
 
 def load_models(args) -> LoadedPair:

@@ -10,9 +10,9 @@ import time
 
 from ..control import make_policy
 from ..engine import SpecEngine
-from ..sampling.grammar import Grammar
-from .common import (add_model_options, add_policy_options, add_prompt_options, add_sampling_options, encode_all,
-                     gather_prompts, load_models, policy_factory, print_json_line, sampling_params, stop_ids, summarize)
+from .common import (add_model_options, add_policy_options, add_prompt_options, add_sampling_options,
+                     add_structured_options, cost_model_kind, encode_all, gather_prompts, grammar_from_args,
+                     load_models, policy_factory, print_json_line, sampling_params, save_learned, stop_ids, summarize)
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring."
 
@@ -24,19 +24,14 @@ def add_generate_command(subparsers) -> None:
     add_prompt_options(parser, default_prompt=DEFAULT_PROMPT)
     add_sampling_options(parser)
     add_policy_options(parser, default="goodput")
-    structured = parser.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
-    structured.add_argument("--json-schema", metavar="FILE", default=None, help="output JSON matching this schema")
-    structured.add_argument("--json", action="store_true", help="output any JSON value")
-    structured.add_argument("--regex", default=None, help="output matching this regular expression")
-    structured.add_argument("--choice", default=None, metavar="A,B,...", help="output exactly one of these strings")
-    structured.add_argument("--grammar", metavar="FILE", default=None,
-                            help="output matching this grammar (llguidance's Lark syntax, or GBNF)")
+    add_structured_options(parser)
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together")
     parser.add_argument("--output-json", default=None, help="write per-prompt ids, text and stats here")
 
 
 def run_generate(args) -> int:
     prompts = gather_prompts(args)
+    cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads
     grammar = grammar_from_args(args)  # a malformed one fails before any model loads
     loaded = load_models(args)
     tokenizer = loaded.tokenizer
@@ -44,7 +39,8 @@ def run_generate(args) -> int:
     params = sampling_params(args, stop_ids(tokenizer, loaded.target))
     if grammar is not None:  # compiled once; each request gets its own matcher from it
         params = dataclasses.replace(params, constraint=grammar.constraint(tokenizer, loaded.target.config.vocab_size))
-    policy = make_policy(args.policy, policy_factory(args, loaded))
+    cost_model = policy_factory(args, loaded)
+    policy = make_policy(args.policy, cost_model)
     engine = SpecEngine(loaded.target, loaded.draft, policy=policy, max_batch_size=args.max_batch_size,
                         seed=args.seed)
     stream = len(prompts) == 1
@@ -92,31 +88,9 @@ def run_generate(args) -> int:
         records += [{"request_id": rid, "error": message, "token_ids": [], "text": ""} for rid, message in errors.items()]
         with open(args.output_json, "w") as handle:
             json.dump({"summary": summary, "results": records}, handle, indent=1)
+    save_learned(args, cost_model, loaded)
     print_json_line(summary)
     return 1 if errors or summary["errors"] else 0
-
-
-def grammar_from_args(args) -> Grammar | None:
-    """The structured-output option given, if any; a missing or malformed file is a clear error."""
-    if args.json_schema:
-        return Grammar.json_schema(_read(args.json_schema, "--json-schema"))
-    if args.json:
-        return Grammar.json()
-    if args.regex is not None:
-        return Grammar.regex(args.regex)
-    if args.choice is not None:
-        return Grammar.choice([option.strip() for option in args.choice.split(",")])
-    if args.grammar:
-        return Grammar.lark(_read(args.grammar, "--grammar"))
-    return None
-
-
-def _read(path: str, option: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError as error:
-        raise FileNotFoundError(f"{option}: cannot read {path}: {error.strerror}") from None
 
 
 def _record(result, tokenizer) -> dict:
