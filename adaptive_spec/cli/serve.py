@@ -4,7 +4,10 @@ the speculation-length plug-in (see `adaptive_spec.integrations.vllm.serve`)."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
+from ..control.online_cost import COST_MODELS
 from ..integrations.vllm.controller import ControllerSettings
 from ..integrations.vllm.engine import EngineSpec
 from ..integrations.vllm.serve import run_serve
@@ -18,7 +21,14 @@ def add_serve_command(subparsers) -> None:
     parser.add_argument("--target", default=None, help="target model name or directory (instead of --pair)")
     parser.add_argument("--draft", default=None, help="draft model name or directory, 'ngram', or 'none'")
     parser.add_argument("--policy", default="goodput", help="the plug-in's policy (any name `generate` takes)")
-    parser.add_argument("--profile", default="none", help="a latency profile JSON file, or 'none' (learn online)")
+    parser.add_argument("--profile", default="none",
+                        help="a latency profile JSON file or a learned state, or 'none' (learn online)")
+    parser.add_argument("--cost-model", choices=COST_MODELS, default=None,
+                        help="the policy's online cost correction: cells (per (batch, K) cell) or shared (parameters "
+                             "shared by every cell); default cells, shared with --save-learned or a learned --profile")
+    parser.add_argument("--save-learned", metavar="FILE", default=None,
+                        help="write the shared cost model's learned state here as the server runs (every 256 "
+                             "learned steps and at exit); pass it as --profile next time")
     parser.add_argument("--max-k", type=int, default=6, help="num_speculative_tokens: the cap on any k")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache size on CPU (GiB)")
@@ -34,7 +44,8 @@ def add_serve_command(subparsers) -> None:
 
 
 def run_serve_command(args) -> int:
-    settings = ControllerSettings(args.policy, None if args.profile == "none" else args.profile)
+    save = os.path.abspath(args.save_learned) if args.save_learned else None  # the server may run elsewhere
+    settings = ControllerSettings(args.policy, None if args.profile == "none" else args.profile, args.cost_model, save)
     options = dict(max_k=args.max_k, settings=settings, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
                    threads=args.threads)
     if args.target:
@@ -45,7 +56,10 @@ def run_serve_command(args) -> int:
         if args.draft:
             spec = EngineSpec(spec.target, None if args.draft == "none" else args.draft, **options)
     if args.policy != "off" and not args.dry_run:
-        settings.build()  # a bad policy or profile fails here, before vLLM spends a minute starting
+        _, cost_model = settings.build()  # a bad policy or profile fails here, before vLLM spends a minute starting
+        if save and cost_model is None:
+            print(f"[--save-learned: policy {args.policy!r} reads no step costs; nothing will be written]",
+                  file=sys.stderr)
     extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
     if args.ready_timeout <= 0:
         raise ValueError(f"--ready-timeout must be positive, got {args.ready_timeout}")

@@ -422,3 +422,54 @@ def test_a_drafter_that_never_asks_the_rule_is_no_longer_counted_on():
         asked.keep_drafting(0, {"r0": 0.9})
         asked.finish_step([VerifiedRequest("r0", 0, 0, 1, 100)])
     assert asked.stops_drafts
+
+
+def test_the_shared_cost_model_and_its_learned_state_through_the_environment(tmp_path):
+    """ADAPTIVE_SPEC_VLLM_SAVE_LEARNED: the plug-in builds the shared model (the generic shape of a
+    whole-step host), writes its state once SAVE_EVERY steps were learned, and a plug-in started
+    from that file resumes it; contradictions are clear errors."""
+    import json
+
+    from adaptive_spec.control.online_cost import SharedCostModel
+    from adaptive_spec.integrations.vllm.controller import COST_MODEL_ENV, SAVE_EVERY, SAVE_LEARNED_ENV
+
+    path = tmp_path / "learned.json"
+    settings = ControllerSettings.from_environment({POLICY_ENV: "goodput", SAVE_LEARNED_ENV: str(path)})
+    assert settings == ControllerSettings("goodput", None, None, str(path))
+    assert ControllerSettings.from_environment(settings.environment()) == settings
+    policy, model = settings.build()
+    assert isinstance(model, SharedCostModel) and not model.has_draft  # vLLM times whole steps
+    clock = iter(float(t) for t in range(10 ** 6))
+    controller = SpecController(policy, model, clock=lambda: next(clock), saver=settings.saver(model))
+    for step in range(SAVE_EVERY + 5):
+        controller._chosen = {"r0": 2}
+        controller.start_step()
+        controller.finish_step([VerifiedRequest("r0", 2, 1, 2, 100 + step)])
+        if step == SAVE_EVERY - 2:
+            assert not path.exists()  # not yet: one write per SAVE_EVERY learned steps
+    saved = json.loads(path.read_text())
+    assert saved["fingerprint"]["engine"] == "vllm" and saved["learned"]["whole_step"]
+    steps = saved["learned"]["state"]["observations"]
+    assert SAVE_EVERY <= steps <= model.observations
+    _, resumed = ControllerSettings.from_environment({PROFILE_ENV: str(path)}).build()
+    assert isinstance(resumed, SharedCostModel) and resumed.resumed_steps == steps and not resumed.has_draft
+    for environ in ({COST_MODEL_ENV: "cells", SAVE_LEARNED_ENV: str(path)}, {COST_MODEL_ENV: "fastest"}):
+        with pytest.raises(ValueError, match="ADAPTIVE_SPEC_VLLM"):
+            ControllerSettings.from_environment(environ).build()
+
+
+def test_a_learned_state_that_cannot_be_written_warns_once_and_the_engine_goes_on(tmp_path):
+    from adaptive_spec.integrations.vllm.controller import LearnedStateSaver
+
+    (tmp_path / "file").write_text("x")
+    _, model = ControllerSettings("goodput", None, "shared").build()
+    saver = LearnedStateSaver(model, str(tmp_path / "file" / "learned.json"), None, every=1)  # a file as a folder
+    model.observe(whole_step_record(model, batch_size=1, batch_k=2, context_lengths=(100,), outcomes=(),
+                                    total_seconds=0.05))
+    with pytest.warns(RuntimeWarning, match="cannot write"):
+        assert saver.save() is False
+    model.observe(whole_step_record(model, batch_size=1, batch_k=2, context_lengths=(100,), outcomes=(),
+                                    total_seconds=0.05))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert saver.save() is False  # warned once

@@ -55,7 +55,7 @@ from ...control.registry import make_policy
 from ...profiling.profile_file import load_profile
 from ...results.comparisons import compare, format_intervals, rotated
 from ...results.result_file import result_document, save_result
-from .controller import ControllerSettings, SpecController
+from .controller import ControllerSettings, LearnedStateSaver, SpecController
 from .engine import EngineSpec, make_llm
 
 VLLM_TABLE = [(1, 1, 4), (2, 3, 3), (4, 7, 2), (8, 8, 1), (9, 1024, 0)]
@@ -121,9 +121,10 @@ def run_vllm_bench(args, prompts) -> int:
         rows += _run_configs(llm, ["vllm-off"], prompt_ids, workloads, trace, temperatures, args)
         del llm
         _collect()
+    controllers: list[SpecController] = []
     if speculative:
         llm = make_llm(EngineSpec(base.target, base.drafter, max_k=max_k, **common))
-        rows += _run_configs(llm, speculative, prompt_ids, workloads, trace, temperatures, args)
+        rows += _run_configs(llm, speculative, prompt_ids, workloads, trace, temperatures, args, controllers)
     _add_ratios(rows)
     _print_table(rows)
     per_request = [row.pop("prompts") for row in rows]
@@ -147,14 +148,17 @@ def run_vllm_bench(args, prompts) -> int:
         label = f"bench-vllm-{'batch1' if args.rate <= 0 else f'rate{args.rate:g}'}"
         runs = [{**row, "prompts": prompts} for row, prompts in zip(rows, per_request)]
         save_result(args.save, label, result_document("bench", args, {**document, "runs": runs}))
+    if getattr(args, "save_learned", None):
+        _save_learned(args, controllers)
     sys.stdout.write(json.dumps(document, sort_keys=True) + "\n")
     return 0
 
 
 # --- running ------------------------------------------------------------------------------------
-def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args) -> list[dict]:
+def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args, kept: list | None = None) -> list[dict]:
     """Each configuration keeps one controller per temperature across all its prompts, as a server
-    keeps its policy: what it learns (acceptance priors, online cost corrections) carries over."""
+    keeps its policy: what it learns (acceptance priors, online cost corrections) carries over.
+    `kept` gathers the controllers, for --save-learned."""
     from .scheduler import scheduler_of
 
     scheduler = scheduler_of(llm) if configs != ["vllm-off"] else None
@@ -162,7 +166,10 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args)
     _run(llm, [prompt_ids[0][:16]], [0.0], 0.0, 4, 0)  # warm-up
     rows = []
     for temperature in temperatures:
-        controllers = {c: _controller(c, _profile_path(args)) for c in configs}
+        kind = getattr(args, "cost_model", None) or ("shared" if getattr(args, "save_learned", None) else None)
+        controllers = {c: _controller(c, _profile_path(args), kind) for c in configs}
+        if kept is not None:
+            kept += [c for c in controllers.values() if c is not None]
         results = {c: [] for c in configs}
         repeats = getattr(args, "repeats", 1)
         if args.rate <= 0:  # batch 1: interleaved prompt by prompt, the order rotated
@@ -232,13 +239,28 @@ def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> 
     return list(timings.values())
 
 
-def _controller(config: str, profile: str | None = None) -> SpecController | None:
+def _controller(config: str, profile: str | None = None, cost_model: str | None = None) -> SpecController | None:
     if config == "vllm-off":
         return None
     if config.startswith("vllm-"):
         return SpecController(make_policy("off"))  # vLLM chooses; this one only counts acceptance
-    policy, cost_model = ControllerSettings(config, profile).build()  # as the plug-in builds it in a server
-    return SpecController(policy, cost_model)
+    policy, model = ControllerSettings(config, profile, cost_model).build()  # as the plug-in builds it in a server
+    return SpecController(policy, model)
+
+
+def _save_learned(args, controllers: list[SpecController]) -> None:
+    """--save-learned: the learned state of the cost model that learned the most steps in the run."""
+    models = [c.cost_model for c in controllers if hasattr(c.cost_model, "learned_state")]
+    models = [m for m in models if m.observations > m.resumed_steps]
+    if not models:
+        print(f"[--save-learned: no policy learned step costs in this run; {args.save_learned} not written]",
+              file=sys.stderr)
+        return
+    model = max(models, key=lambda m: m.observations - m.resumed_steps)
+    path = _profile_path(args)
+    LearnedStateSaver(model, args.save_learned, load_profile(path) if path else None).save()
+    print(f"[learned cost state: {model.observations - model.resumed_steps} steps this run, {model.outliers} outliers, "
+          f"{model.shifts} shifts -> {args.save_learned}]", file=sys.stderr)
 
 
 def _activate(scheduler, config: str, controller: SpecController | None) -> None:

@@ -28,6 +28,7 @@ few rows sit at k = 0 beside rows at K is scaled to its cell (`step_timing.cell_
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import time
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ...control.cost_model import CostModel
+from ...control.online_cost import COST_MODELS, cost_model_for
 from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
                                StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
 from ...control.registry import make_policy
@@ -44,6 +46,9 @@ from ...control.step_timing import cell_equivalent, whole_step_record
 
 POLICY_ENV = "ADAPTIVE_SPEC_VLLM_POLICY"
 PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
+COST_MODEL_ENV = "ADAPTIVE_SPEC_VLLM_COST_MODEL"
+SAVE_LEARNED_ENV = "ADAPTIVE_SPEC_VLLM_SAVE_LEARNED"
+SAVE_EVERY = 256  # newly learned steps between writes of the learned cost state
 DEFAULT_POLICY = "goodput"
 # Catch-ups shorter than this many tokens are not timed: their extra time is within a step's noise.
 MIN_TIMED_CATCH_UP = 64
@@ -59,42 +64,62 @@ DEFAULT_STOP_MAX_BATCH = 1
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    """Which policy and which latency profile the plug-in uses.
+    """Which policy, latency profile and cost model the plug-in uses.
 
     vLLM builds the scheduler from a class name, so a wrapper passes these through the environment:
-    `ADAPTIVE_SPEC_VLLM_POLICY` (a policy name as `make_policy` takes it; default goodput) and
-    `ADAPTIVE_SPEC_VLLM_PROFILE` (a profile JSON file; unset or 'none' = learn costs online).
+    `ADAPTIVE_SPEC_VLLM_POLICY` (a policy name as `make_policy` takes it; default goodput),
+    `ADAPTIVE_SPEC_VLLM_PROFILE` (a profile JSON file or a learned state; unset or 'none' = learn
+    costs online), `ADAPTIVE_SPEC_VLLM_COST_MODEL` (cells, the default, or shared:
+    `control.online_cost`) and `ADAPTIVE_SPEC_VLLM_SAVE_LEARNED` (a file the shared model's learned
+    state is written to every `SAVE_EVERY` timed steps and at exit; implies shared).
     """
 
     policy: str = DEFAULT_POLICY
     profile: str | None = None
+    cost_model: str | None = None  # None: cells, or shared when save_learned is set
+    save_learned: str | None = None
 
     @classmethod
     def from_environment(cls, environ: dict | None = None) -> "ControllerSettings":
         environ = os.environ if environ is None else environ
         profile = environ.get(PROFILE_ENV) or None
-        return cls(environ.get(POLICY_ENV) or DEFAULT_POLICY, None if profile in (None, "none") else profile)
+        return cls(environ.get(POLICY_ENV) or DEFAULT_POLICY, None if profile in (None, "none") else profile,
+                   environ.get(COST_MODEL_ENV) or None, environ.get(SAVE_LEARNED_ENV) or None)
 
     def environment(self) -> dict[str, str]:
         """The variables that reproduce these settings in a vLLM process."""
-        return {POLICY_ENV: self.policy, PROFILE_ENV: self.profile or "none"}
+        env = {POLICY_ENV: self.policy, PROFILE_ENV: self.profile or "none"}
+        if self.cost_model:
+            env[COST_MODEL_ENV] = self.cost_model
+        if self.save_learned:
+            env[SAVE_LEARNED_ENV] = self.save_learned
+        return env
+
+    @property
+    def cost_model_kind(self) -> str:
+        if self.cost_model not in (None, *COST_MODELS):
+            raise ValueError(f"{COST_MODEL_ENV} must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
+        if self.save_learned and self.cost_model == "cells":
+            raise ValueError(f"{SAVE_LEARNED_ENV} needs the shared cost model: the per-cell correction has no state to save")
+        return self.cost_model or ("shared" if self.save_learned else "cells")
 
     def build(self) -> tuple[Policy, CostModel | None]:
         """The policy and the cost model it reads (None for policies that read none).
 
         A missing or corrupt profile raises `ProfileError` naming the file; a bad policy name
-        raises ValueError listing the known ones. An acceptance state saved beside the profile
-        (`<profile>.acceptance.json`, written by `simulate --save-acceptance`) warm-starts goodput,
-        as `--profile` does for this project's engine; a malformed one warns and is ignored."""
+        or cost model raises ValueError listing the known ones. An acceptance state saved beside the
+        profile (`<profile>.acceptance.json`, written by `simulate --save-acceptance`) warm-starts
+        goodput, as `--profile` does for this project's engine; a malformed one warns and is ignored."""
         built: list[CostModel] = []
+        kind = self.cost_model_kind
 
         def cost_model() -> CostModel:  # loaded only for a policy that reads costs
-            if self.profile is None:
-                model = CostModel.default()
+            if self.profile is None:  # the shared model's generic shape is a whole-step host's, as vLLM's is
+                model = CostModel.default() if kind == "cells" else cost_model_for(None, kind, whole_step=True)
             else:
                 from ...profiling.profile_file import acceptance_path, load_acceptance, load_profile
 
-                model = CostModel.from_profile(load_profile(self.profile))
+                model = cost_model_for(load_profile(self.profile), kind)
                 model.warm_start = load_acceptance(acceptance_path(self.profile))
             built.append(model)
             return model
@@ -105,6 +130,52 @@ class ControllerSettings:
             load_profile(self.profile)
         policy = make_policy(self.policy, cost_model)
         return policy, (built[0] if built else None)
+
+    def saver(self, cost_model: CostModel | None) -> "LearnedStateSaver | None":
+        """What writes `save_learned` for this cost model (None when nothing is to be saved)."""
+        if not self.save_learned or cost_model is None:
+            return None
+        from ...profiling.profile_file import load_profile
+
+        prior = load_profile(self.profile) if self.profile is not None else None
+        return LearnedStateSaver(cost_model, self.save_learned, prior)
+
+
+class LearnedStateSaver:
+    """Writes a shared cost model's learned state (`profile_file.learned_profile`, engine "vllm") every
+    `every` newly learned steps and at interpreter exit. vLLM's engine has no shutdown hook a
+    scheduler sees, so the file is rewritten as it goes (atomically); a write that fails warns once
+    and never stops the engine."""
+
+    def __init__(self, model: CostModel, path: str, prior: dict | None, every: int = SAVE_EVERY):
+        if not hasattr(model, "learned_state"):
+            raise ValueError("only the shared cost model has a learned state to save")
+        self.model, self.path, self.prior, self.every = model, path, prior, int(every)
+        self.saved_at = model.observations  # a resumed state is on disk already
+        self._warned = False
+        atexit.register(self.save)
+
+    def step(self) -> None:
+        if self.model.observations - self.saved_at >= self.every:
+            self.save()
+
+    def save(self) -> bool:
+        """Write now if anything was learned since the last write; True when written."""
+        from ...profiling.profile_file import ProfileError, learned_profile, machine_fingerprint, save_profile
+
+        if self.model.observations == self.saved_at:
+            return False
+        device = ((self.prior or {}).get("fingerprint") or {}).get("device") or "cpu"
+        fingerprint = {**machine_fingerprint(device), "engine": "vllm"}
+        try:
+            save_profile(learned_profile(self.model, self.prior, fingerprint, whole_step=True), self.path)
+        except (OSError, ProfileError) as error:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"cannot write the learned cost state to {self.path}: {error}", RuntimeWarning, stacklevel=2)
+            return False
+        self.saved_at = self.model.observations
+        return True
 
 
 @dataclass(frozen=True)
@@ -152,9 +223,10 @@ class SpecController:
     """
 
     def __init__(self, policy: Policy, cost_model: CostModel | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, saver: LearnedStateSaver | None = None):
         self.policy = policy
         self.cost_model = cost_model
+        self.saver = saver  # writes the cost model's learned state as it goes (--save-learned)
         self.clock = clock
         self.stats = ControllerStats()
         self._histories: dict[str, AcceptanceHistory] = {}
@@ -298,6 +370,8 @@ class SpecController:
             self.policy.observe(record)
         except Exception as error:  # a policy is an optimisation: it must never take vLLM's engine down
             self._fail(PolicyError(f"policy {self.policy.name!r} raised {type(error).__name__} in observe: {error}"))
+        if self.saver is not None:
+            self.saver.step()
         return record
 
     def _cell_scale(self, verified: Sequence[VerifiedRequest]) -> float:

@@ -85,8 +85,9 @@ class AdaptiveScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         if getattr(self.scheduler_config, "async_scheduling", False):
             raise ValueError("adaptive_spec's scheduler needs synchronous scheduling (--no-async-scheduling)")
-        policy, cost_model = ControllerSettings.from_environment().build()
-        self.controller = SpecController(policy, cost_model)
+        settings = ControllerSettings.from_environment()
+        policy, cost_model = settings.build()
+        self.controller = SpecController(policy, cost_model, saver=settings.saver(cost_model))
         self.vllm_lookup: list[int] | None = None  # set by `use_vllm_schedule`: vLLM decides, we only record
         self.sampled_speculation = sampled_speculation_is_exact()  # False: sampled requests get no drafts
         self._output_before: dict[str, int] = {}
