@@ -308,3 +308,27 @@ def test_negative_control_target_masked_with_the_committed_state_is_caught(token
     monkeypatch.undo()
     failed = sum(r.error is not None for r in results)
     assert failed > 0 or _chi_square(counts, law, len(results)) < LAW_ALPHA
+
+
+def test_bench_constrains_every_request_and_skips_the_hf_baselines(smollm2, capsys):
+    """`bench --choice`: every request of every configuration is held to the grammar (a one-word
+    answer, then the end), where the same prompts unconstrained run on (the negative control)."""
+    from adaptive_spec.cli import main
+
+    base = ["bench", "--target", MODEL, "--draft", "ngram", "--prompt", "Is the sky blue? Answer yes or no.",
+            "--prompt", "Is water dry? Answer yes or no.", "--policies", "off,static:3", "--temperatures", "0,0.7",
+            "--max-new-tokens", "24"]
+    documents = {}
+    for structured in ([], ["--choice", "yes,no"]):
+        assert main(base + structured) == 0
+        captured = capsys.readouterr()
+        documents[bool(structured)] = json.loads(captured.out.strip().splitlines()[-1])
+        assert ("skipping hf-plain" in captured.err) == bool(structured)
+    constrained = documents[True]
+    assert constrained["settings"]["structured"] == "--choice yes,no" and documents[False]["settings"]["structured"] is None
+    assert {(r["config"], r["temperature"]) for r in constrained["runs"]} == {
+        (c, t) for c in ("off", "static:3") for t in (0.0, 0.7)}
+    for row in constrained["runs"]:  # "yes" or "no" and the end of sequence: a few tokens per request
+        assert row["tokens"] <= 3 * row["requests"], row
+    free = [row for row in documents[False]["runs"] if row["config"] != "hf-plain"]
+    assert min(row["tokens"] for row in free) > 3 * 2  # unconstrained, the model says more
