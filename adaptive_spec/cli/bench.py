@@ -67,7 +67,6 @@ from .common import (add_learning_options, add_model_options, add_prompt_options
                      load_models, parse_mix, policy_factory, print_json_line, save_learned, stop_ids, summarize)
 from ..integrations.vllm.bench import DEFAULT_CONFIGS as VLLM_DEFAULT_CONFIGS
 from ..integrations.vllm.bench import add_vllm_bench_options, run_vllm_bench
-from ..integrations.vllm.controller import ControllerSettings
 from ..sampling.params import SamplingParams
 
 DEFAULT_POLICIES = "off,static:1,static:2,static:3,static:4,static:5,static:6"
@@ -153,7 +152,7 @@ def run_bench(args) -> int:
         if grammar is not None:
             raise ValueError("structured output in bench runs our engine (--engine hf); through vLLM, send "
                              "response_format to a server (bench --url)")
-        ControllerSettings("goodput", None, args.cost_model, args.save_learned).cost_model_kind  # contradictions fail now
+        cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads
         if args.batch_size != 1:
             raise ValueError("--batch-size is for --engine hf; with --engine vllm, load the engine with --rate R")
         if args.policies == DEFAULT_POLICIES:

@@ -126,11 +126,9 @@ def add_learning_options(parser) -> None:
 
 def cost_model_kind(args) -> str:
     """--cost-model, or its default: shared when a learned state is saved, else cells."""
-    if args.cost_model is not None:
-        if args.cost_model != "shared" and getattr(args, "save_learned", None):
-            raise ValueError("--save-learned needs --cost-model shared: the per-cell correction has no state to save")
-        return args.cost_model
-    return "shared" if getattr(args, "save_learned", None) else "cells"
+    from ..control.online_cost import resolve_kind
+
+    return resolve_kind(args.cost_model, bool(getattr(args, "save_learned", None)))
 
 
 def policy_factory(args, loaded: LoadedPair):

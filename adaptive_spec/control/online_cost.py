@@ -76,7 +76,7 @@ import numpy as np
 
 from .cost_model import _BASE_FLOOR, _USUAL_CATCHUP, Corrections, CostModel, _median, timed_step
 
-__all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "COST_MODELS", "LEARNED_KEY"]
+__all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "resolve_kind", "COST_MODELS", "LEARNED_KEY"]
 
 SHARED = ("v_base", "v_rows", "v_first", "v_more", "v_ctx", "d_base", "d_rows", "d_more", "d_ctx", "r")
 _V, _D, _R = slice(0, 5), slice(5, 9), slice(9, 10)
@@ -394,6 +394,18 @@ class SharedCostModel(CostModel):
         if not self._catchup:
             return None
         return _median(self._catchup) * max(tokens - self.catchup_tokens, 0.0)
+
+
+def resolve_kind(kind: str | None, saving: bool, *, kind_name: str = "--cost-model",
+                 save_name: str = "--save-learned") -> str:
+    """Which cost model to build: `kind` as asked; unset, shared when a learned state is to be saved
+    (`saving`), else cells. An unknown kind, or cells while saving (the per-cell correction has no
+    state), is a ValueError naming the settings as the user gave them (`kind_name`, `save_name`)."""
+    if kind not in (None, *COST_MODELS):
+        raise ValueError(f"{kind_name} must be one of {', '.join(COST_MODELS)}, got {kind!r}")
+    if saving and kind == "cells":
+        raise ValueError(f"{save_name} needs {kind_name} shared: the per-cell correction has no state to save")
+    return kind or ("shared" if saving else "cells")
 
 
 def cost_model_for(profile: Any, kind: str = "cells", *, whole_step: bool = False, **options: Any) -> CostModel:

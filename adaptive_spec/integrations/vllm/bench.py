@@ -51,6 +51,7 @@ import numpy as np
 
 from ...assets import encode_prompt
 from ...control.cost_model import CostModel
+from ...control.online_cost import resolve_kind
 from ...control.registry import make_policy
 from ...profiling.profile_file import load_profile
 from ...results.comparisons import compare, format_intervals, rotated
@@ -166,7 +167,7 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
     _run(llm, [prompt_ids[0][:16]], [0.0], 0.0, 4, 0)  # warm-up
     rows = []
     for temperature in temperatures:
-        kind = getattr(args, "cost_model", None) or ("shared" if getattr(args, "save_learned", None) else None)
+        kind = resolve_kind(getattr(args, "cost_model", None), bool(getattr(args, "save_learned", None)))
         controllers = {c: _controller(c, _profile_path(args), kind) for c in configs}
         if kept is not None:
             kept += [c for c in controllers.values() if c is not None]

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ...control.cost_model import CostModel
-from ...control.online_cost import COST_MODELS, cost_model_for
+from ...control.online_cost import cost_model_for, resolve_kind
 from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
                                StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
 from ...control.registry import make_policy
@@ -97,11 +97,8 @@ class ControllerSettings:
 
     @property
     def cost_model_kind(self) -> str:
-        if self.cost_model not in (None, *COST_MODELS):
-            raise ValueError(f"{COST_MODEL_ENV} must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
-        if self.save_learned and self.cost_model == "cells":
-            raise ValueError(f"{SAVE_LEARNED_ENV} needs the shared cost model: the per-cell correction has no state to save")
-        return self.cost_model or ("shared" if self.save_learned else "cells")
+        return resolve_kind(self.cost_model, bool(self.save_learned), kind_name=COST_MODEL_ENV,
+                            save_name=SAVE_LEARNED_ENV)
 
     def build(self) -> tuple[Policy, CostModel | None]:
         """The policy and the cost model it reads (None for policies that read none).
