@@ -61,7 +61,10 @@ def main() -> None:
     parser.add_argument("--min-steps", type=int, default=2000)
     parser.add_argument("--change-at", type=int, default=1000)
     parser.add_argument("--kinds", default="cells,shared")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a shared-model option (e.g. cusum_slack=1.0), for tuning; repeatable")
     args = parser.parse_args()
+    options = {name: float(value) for name, _, value in (item.partition("=") for item in args.set)}
     traces = load_traces([str(ROOT / t) for t in TRACES])
     machine = json.loads((ROOT / HOSTS[args.host][0]).read_text())
     other = json.loads((ROOT / HOSTS[args.host][1]).read_text())
@@ -80,12 +83,13 @@ def main() -> None:
               f"{base} tok/s (price error after 300: {informed['price_error'].get('after_300')})")
         for kind in args.kinds.split(","):
             for name, profile in given.items():
-                report = _run(traces, machine, cost_model_for(profile, kind, whole_step=args.host == "vllm"), batch, requests, args.host)
+                report = _run(traces, machine, cost_model_for(profile, kind, whole_step=args.host == "vllm",
+                                                                   **(options if kind == "shared" else {})), batch, requests, args.host)
                 error = report["price_error"].get("after_300", {})
                 print(f"  {kind:<6} given {name:<6}: {report['tokens_per_s'] / base:.3f}x informed "
                       f"({report['tokens_per_s']} tok/s); price error after 300 steps mean {error.get('mean')} "
                       f"p90 {error.get('p90')} max {error.get('max')}; events {report.get('cost_model_events')}")
-            report = _run(traces, machine, cost_model_for(machine, kind), batch, requests, args.host, change)
+            report = _run(traces, machine, cost_model_for(machine, kind, **(options if kind == "shared" else {})), batch, requests, args.host, change)
             error = report["price_error"]
             ours = error.get("tokens_per_s_from_change_300")
             theirs = informed_change["price_error"].get("tokens_per_s_from_change_300")

@@ -309,3 +309,48 @@ def test_profile_show_prints_a_learned_state_against_its_shape(tmp_path, capsys)
         shown = json.loads(out.strip().splitlines()[-1])
         assert shown["learned_steps"] == 40 and shown["learned_parameters"]["d_base"] == pytest.approx(model.theta[5])
         assert "learned   40 steps online" in out and ("profile " in out.split("step ms")[1]) == (prior is not None)
+
+
+def test_price_spread_is_zero_at_k0_and_shrinks_where_steps_were_timed():
+    assert CostModel.from_profile(HF).price_spread(1, 6) == [0.0] * 7  # a per-cell correction keeps none
+    truth = CostModel.from_profile(HF)
+    model = SharedCostModel.from_profile(HF)
+    before = model.price_spread(1, 6)
+    assert before[0] == 0.0 and all(s > 0 for s in before[1:])
+    for i in range(50):  # K = 0 and 2 alone (a price above K = 0 needs K = 0's too)
+        model.observe(step(truth, 1, 200 + i, 2 * (i % 2)))
+    after = model.price_spread(1, 6)
+    # the timed length is pinned down most; the shared parts narrow the others too, less so
+    assert after[2] < 0.1 * before[2]
+    assert all(a < b for a, b in zip(after[1:], before[1:]))
+    assert after[6] / before[6] > after[2] / before[2]
+    assert len(model.price_spread(1, 40)) == 41  # past the profile's lengths: the last one's spread
+
+
+def test_the_cusum_slack_lets_a_small_persistent_misfit_pass_and_catches_a_shift():
+    """A misfit of 0.9 standard errors on every step never alarms with the default slack (1); the
+    old slack (0.5, negative control) alarms on it. A 3-standard-error shift alarms within 12 steps."""
+    def alarms(z, steps, **options):
+        model = SharedCostModel.from_profile(HF, **options)
+        for _ in range(steps):
+            model._track_shift(1, z)
+        return model.shifts
+
+    assert SharedCostModel.from_profile(HF).cusum_slack == 1.0
+    assert alarms(0.9, 500) == 0
+    assert alarms(0.9, 500, cusum_slack=0.5) > 0
+    assert alarms(3.0, 7) == 1 and alarms(-3.0, 7) == 1
+
+
+def test_the_simulated_vllm_host_teaches_the_catch_up_price_as_the_plug_in_does():
+    """Started from no profile, the policy's cost model prices a lazy draft's catch-up at 0; after a
+    simulated vLLM run it prices it within 10% of the clock's (what the plug-in learns from
+    `finish_step(catch_up_tokens=...)`)."""
+    from adaptive_spec.control.registry import make_policy
+
+    costs = cost_model_for(None, "shared", whole_step=True)
+    assert costs.catch_up_seconds(100) == 0.0
+    policy = make_policy("goodput", cost_model=costs)
+    simulate(load_traces(TRACES), VLLM, policy, batch_size=4, num_requests=24, host="vllm", clock_profile=VLLM)
+    clock = CostModel.from_profile(VLLM).catch_up_seconds(100)
+    assert clock > 0 and costs.catch_up_seconds(100) == pytest.approx(clock, rel=0.1)

@@ -362,3 +362,29 @@ def test_hysteresis_does_not_hold_k0_against_a_move_whose_catch_up_is_priced():
 
     assert first_k(behind=10) > 0
     assert first_k(behind=0) == 0
+
+
+class UncertainCosts(LinearCosts):
+    """LinearCosts whose drafting prices carry an uncertainty of `spread` seconds (K >= 1)."""
+
+    def __init__(self, spread, **costs):
+        super().__init__(**costs)
+        self.spread = spread
+
+    def price_spread(self, batch, k_max):
+        return [0.0] + [self.spread] * k_max
+
+
+def test_an_uncertain_price_is_tried_while_its_optimistic_price_wins():
+    """Drafts cost twice a verify: priced at its mean, no K pays at the prior's acceptance. An
+    uncertainty wide enough that the optimistic increment is 0 makes the policy draft; with no
+    uncertainty (negative control), or with cost optimism turned off, it does not."""
+    def first_choice(spread, z=0.3):
+        policy = GoodputPolicy(UncertainCosts(spread, draft=2.0), GoodputConfig(cost_exploration_z=z, max_k=6))
+        return policy.choose(views(1))[0]
+
+    assert first_choice(0.0) == 0
+    assert first_choice(100.0, z=0.0) == 0
+    assert first_choice(100.0) > 0
+    with pytest.raises(ValueError):
+        GoodputConfig(cost_exploration_z=-1.0)

@@ -760,6 +760,12 @@ class CostModel:
         """step_seconds for k = 0..k_max, in one call."""
         return [self.step_seconds(batch, context, k) for k in range(k_max + 1)]
 
+    def price_spread(self, batch: int, k_max: int) -> list[float]:
+        """The uncertainty (one standard deviation, seconds) of each K's step price above K = 0's,
+        K = 0..k_max: 0 here, where a per-cell correction keeps no uncertainty (see
+        `online_cost.SharedCostModel.price_spread`)."""
+        return [0.0] * (int(k_max) + 1)
+
     def ragged_step_seconds(self, batch: int, context: float, ks: Sequence[int]) -> float:
         """A step whose rows draft `ks` (one per row, `batch` rows): see the module docstring."""
         K = max(ks, default=0)

@@ -119,6 +119,7 @@ class GoodputConfig:
     max_k: int = 12
     hysteresis: float = 0.03
     exploration_z: float = 0.5
+    cost_exploration_z: float = 0.3  # optimism on uncertain step prices (`_optimistic`)
     request_decay: float = 0.9
     prior_strength: float = 2.0
     prior_rate: float = 0.6
@@ -145,6 +146,7 @@ class GoodputConfig:
             (self.max_k >= 0, "max_k must be >= 0"),
             (0 <= self.hysteresis < 1, "hysteresis must be in [0, 1)"),
             (self.exploration_z >= 0, "exploration_z must be >= 0"),
+            (self.cost_exploration_z >= 0, "cost_exploration_z must be >= 0"),
             (0 < self.request_decay <= 1, "request_decay must be in (0, 1]"),
             (self.prior_strength > 0, "prior_strength must be > 0"),
             (0 < self.prior_rate < 1, "prior_rate must be in (0, 1)"),
@@ -232,7 +234,8 @@ class GoodputPolicy(PolicyBase):
                     for state in states]
         seconds_per_behind = self._catch_up_rate(requests)
         shares = self._row_shares(len(requests), k_max)
-        options = [_drafting_rows(k, requests, expected, costs[0], costs[k], seconds_per_behind, shares[k])
+        priced = self._optimistic(costs, len(requests), k_max)
+        options = [_drafting_rows(k, requests, expected, priced[0], priced[k], seconds_per_behind, shares[k])
                    for k in range(k_max + 1)]
         self.last_goodput = [goodput for goodput, _, _ in options]
         if self.config.forecast_correction and len(requests) > 1:
@@ -487,6 +490,18 @@ class GoodputPolicy(PolicyBase):
             one = share(batch, k, 1.0)
             out.append((one, max(share(batch, k, 2.0) - one, 0.0)))
         return out
+
+    def _optimistic(self, costs: list[float], batch: int, k_max: int) -> list[float]:
+        """Each K's price above K = 0's lowered by `cost_exploration_z` of its uncertainty (the cost
+        model's `price_spread`; 0 for a per-cell correction): a length whose price no step has pinned
+        down is tried while its optimistic price would win, and its timed steps then shrink the
+        spread. Optimism as for acceptance (`exploration_z`); no random probing."""
+        z = self.config.cost_exploration_z
+        spread = getattr(self.cost_model, "price_spread", None)
+        if not z or spread is None:
+            return costs
+        widths = spread(batch, k_max)
+        return [costs[0]] + [costs[0] + max(cost - costs[0] - z * width, 0.0) for cost, width in zip(costs[1:], widths[1:])]
 
     def _catch_up_rate(self, requests: Sequence[RequestView]) -> float:
         """Seconds per context token a lazy draft missed (0 when no row is behind or nothing prices it)."""

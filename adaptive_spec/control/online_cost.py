@@ -56,11 +56,18 @@ plus the parameters' own uncertainty, so early misses of a wrong prior are learn
 weights: w = 1 for |z| <= huber, huber / |z| up to `reject`, 0 beyond (the step is counted in
 `outliers` and not learned).
 
-Drift. A two-sided CUSUM per observation kind on z clipped to +-`reject` (g+ = max(0, g+ + z - 0.5),
+Drift. A two-sided CUSUM per observation kind on z clipped to +-`reject` (g+ = max(0, g+ + z - slack),
 g- likewise; alarm at `cusum_threshold`, reset after) detects a sustained shift a single outlier
-cannot raise; an alarm (counted in `shifts`) keeps only `shift_keep` of the data's information
+cannot raise. `cusum_slack` is 1 (standard error): a profile's shape never fits a machine exactly, and
+with the slack at 0.5 a cell misfit by 1 standard error on every step alarmed every ~25 steps (3-6
+alarms in a real run of 550 steps at batch 1, up to 65 in a simulated 2,000), each one dropping what
+was learned; a real shift of a part by 30% is several standard errors and still alarms within a few steps; an alarm (counted in `shifts`) keeps only `shift_keep` of the data's information
 (L <- L0 + shift_keep * (L - L0), theta unchanged; shift_keep = 0 by default), so the band
 widens to the prior's and the new level is learned from the next steps. Rows rejected as outliers still feed the CUSUM: a shift looks like outliers first.
+
+Uncertainty. `price_spread(b, K)` is the posterior sd of step(K) - step(0) (the difference of the two
+steps' features through the parameters' covariance), which goodput's `cost_exploration_z` turns
+into optimism on a length's price (`GoodputPolicy._optimistic`).
 
 Queries are O(1): per batch size the c0 part of every component is cached and refreshed lazily
 after an update (one version counter), and a query adds the context term from one table lookup.
@@ -93,7 +100,7 @@ class SharedCostModel(CostModel):
 
     def __init__(self, *args: Any, prior_sd: float = 0.3, noise: float = 0.02, forgetting: float = 0.995,
                  sigma_floor: float = 0.01, huber: float = 2.5, reject: float = 6.0, cusum_threshold: float = 12.0,
-                 shift_keep: float = 0.0, prior_correlation: float = 0.5, deviation_sd: float = 0.05,
+                 shift_keep: float = 0.0, cusum_slack: float = 1.0, prior_correlation: float = 0.5, deviation_sd: float = 0.05,
                  deviation_correlation: float = 0.7, **options: Any):
         if not prior_sd > 0 or not noise > 0 or not 0 < forgetting <= 1 or not 0 <= shift_keep <= 1:
             raise ValueError("need prior_sd > 0, noise > 0, 0 < forgetting <= 1 and 0 <= shift_keep <= 1")
@@ -109,6 +116,9 @@ class SharedCostModel(CostModel):
         self.forgetting, self.sigma_floor = float(forgetting), float(sigma_floor)
         self.huber, self.reject = float(huber), float(reject)
         self.cusum_threshold, self.shift_keep = float(cusum_threshold), float(shift_keep)
+        if not cusum_slack >= 0:
+            raise ValueError("need cusum_slack >= 0")
+        self.cusum_slack = float(cusum_slack)
         super().__init__(*args, **options)
 
     @classmethod
@@ -153,6 +163,7 @@ class SharedCostModel(CostModel):
         self._version = 0
         self._rows: dict[int, tuple] = {}
         self._bases: dict[int, tuple] = {}
+        self._spreads: dict[int, tuple] = {}
         self._c0 = float(self._target.contexts[0])
         self._d0 = float(self._draft.contexts[0])
 
@@ -289,6 +300,25 @@ class SharedCostModel(CostModel):
             raise ValueError(f"need batch >= 1 and k >= 0, got {batch}, {k}")
         return max(self._rest_base(int(batch), int(k)) * float(self.theta[9]), 0.0)
 
+    def price_spread(self, batch: int, k_max: int) -> list[float]:
+        """The posterior standard deviation of step(K) - step(0) at the smallest profiled context,
+        K = 0..k_max (seconds): sqrt(dx' Cov dx) with dx the difference of the two steps' features
+        (draft of K positions, verify of K + 1 tokens, the rest). Large for a length no step has
+        timed that shares little with those that were; cached per batch size until the next update."""
+        b, k_max = int(batch), int(k_max)
+        hit = self._spreads.get(b)
+        if hit is None or hit[0] != self._version or len(hit[1]) <= k_max:
+            verify, _, _, draft, _, _ = self._basis(b)
+            Q = self.max_query_tokens
+            upto = min(k_max, Q - 1)
+            steps = verify[1:upto + 2] + draft[:upto + 1]
+            steps[:, 9] = [self._rest_base(b, k) for k in range(upto + 1)]
+            difference = steps - steps[0]
+            spread = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", difference, self._cov, difference), 0.0)).tolist()
+            spread += [spread[-1]] * (k_max - upto)  # beyond the profile's lengths: its last one's
+            hit = self._spreads[b] = (self._version, spread)
+        return hit[1][: k_max + 1]
+
     # --- learning ---------------------------------------------------------------------------------
     def observe(self, record: Any) -> None:
         """Learn from one engine step (a `StepRecord`); see the module docstring."""
@@ -375,8 +405,8 @@ class SharedCostModel(CostModel):
     def _track_shift(self, kind: int, z: float) -> None:
         clipped = min(max(z, -self.reject), self.reject)
         g = self._cusum[kind]
-        g[0] = max(0.0, g[0] + clipped - 0.5)
-        g[1] = max(0.0, g[1] - clipped - 0.5)
+        g[0] = max(0.0, g[0] + clipped - self.cusum_slack)
+        g[1] = max(0.0, g[1] - clipped - self.cusum_slack)
         if max(g) > self.cusum_threshold:
             g[:] = 0.0
             self.shifts += 1

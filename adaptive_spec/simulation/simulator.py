@@ -36,8 +36,10 @@ a lazy draft that skips rows at k = 0 and, before a row's next step that drafts,
 every token it missed (the prompt, for a row that never drafted), at the profile's
 `catch_up_seconds`, reported per row as `RequestView.draft_behind`; a ragged step (rows drafting
 different k) costs `CostModel.ragged_step_seconds`. As in the plug-in, a catching-up step is not
-timed for the policy's cost model, nor a ragged step no profile cell stands for
-(`step_timing.cell_equivalent`); one where a few rows sit at k = 0 is scaled to its cell.
+timed for the policy's cost model (one of at least `step_timing.MIN_TIMED_CATCH_UP` tokens teaches
+its catch-up price instead: the step's time beyond the model's price of it), nor a ragged step no
+profile cell stands for (`step_timing.cell_equivalent`); one where a few rows sit at k = 0 is
+scaled to its cell.
 
 Requests: the trace requests are cycled to reach `num_requests` (simulated request i replays trace
 request i mod R with its own uniforms). Reports tokens/s (emitted tokens / simulated seconds),
@@ -72,7 +74,7 @@ import numpy as np
 
 from ..control.cost_model import CostModel
 from ..control.online_cost import cost_model_for
-from ..control.step_timing import cell_equivalent
+from ..control.step_timing import MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent
 from ..control.policy import (AcceptanceHistory, PolicyBase, RequestOutcome, RequestView, StepRecord, StopRule,
                               adopt_stop_rule, choose_ks, mean_acceptance_length, run_stop_rule)
 from ..control.registry import make_policy
@@ -162,7 +164,7 @@ def _stop_inside(rule: StopRule, running: list[_Sim], ks: list[int]) -> tuple[li
     return run_stop_rule(rule, ks, confidence)
 
 
-VLLM_STOP_MAX_BATCH = 1  # the vLLM plug-in's default ADAPTIVE_SPEC_VLLM_STOP_DRAFTS
+VLLM_STOP_MAX_BATCH = STOP_MAX_BATCH  # the vLLM plug-in's default ADAPTIVE_SPEC_VLLM_STOP_DRAFTS
 
 
 def simulate(
@@ -374,6 +376,10 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         # policy's own cost model knows (`step_timing.cell_equivalent`).
         if catch_up or (lazy_draft and positions > batch_k):
             timed = 0.0
+            if catch_up and behind >= MIN_TIMED_CATCH_UP and host_costs is not None:
+                # as the plug-in does: what the step took beyond the model's price of it teaches the
+                # catch-up price (`CostModel.catch_up_seconds`, which goodput charges a probe)
+                host_costs.observe_catch_up(behind, total_s + catch_up - host_costs.step_seconds(b, max(contexts), batch_k))
         elif ragged:
             timed = cell_equivalent(host_costs, b, max(contexts), ks, ks)
             if timed:  # the parts in the cell's proportions

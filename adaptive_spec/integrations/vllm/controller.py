@@ -42,7 +42,7 @@ from ...control.online_cost import cost_model_for, resolve_kind
 from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
                                StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
 from ...control.registry import make_policy
-from ...control.step_timing import cell_equivalent, whole_step_record
+from ...control.step_timing import MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent, whole_step_record
 
 POLICY_ENV = "ADAPTIVE_SPEC_VLLM_POLICY"
 PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
@@ -50,16 +50,10 @@ COST_MODEL_ENV = "ADAPTIVE_SPEC_VLLM_COST_MODEL"
 SAVE_LEARNED_ENV = "ADAPTIVE_SPEC_VLLM_SAVE_LEARNED"
 SAVE_EVERY = 256  # newly learned steps between writes of the learned cost state
 DEFAULT_POLICY = "goodput"
-# Catch-ups shorter than this many tokens are not timed: their extra time is within a step's noise.
-MIN_TIMED_CATCH_UP = 64
 # Drafting steps in a row whose drafter never asked the stop rule before the controller stops
 # counting on it (a drafter that cannot stop: probabilistic draft sampling, M-RoPE positions, ...).
 MAX_UNASKED_STEPS = 3
-# The largest batch whose draft loop the in-step rule runs in by default. Measured on the 2-core CPU
-# (vLLM, default pair): the stop gained 3-6% at batch 1 and lost about 5% under a load of 8 running
-# requests, where the policy asked every drafting row for the longest draft and the loop ran as
-# long as its longest row. Above this batch the policy chooses each k as for a host that cannot stop.
-DEFAULT_STOP_MAX_BATCH = 1
+DEFAULT_STOP_MAX_BATCH = STOP_MAX_BATCH  # the in-step rule's batch limit (`control.step_timing`)
 
 
 @dataclass(frozen=True)
