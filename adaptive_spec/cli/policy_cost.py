@@ -16,6 +16,7 @@ import time
 
 from ..control import (AcceptanceHistory, CostModel, RequestOutcome, RequestView, StepRecord, adopt_stop_rule,
                        make_policy, run_stop_rule)
+from ..control.online_cost import COST_MODELS, cost_model_for
 from ..profiling.profile_file import load_profile
 from .common import print_json_line
 
@@ -29,6 +30,8 @@ def add_policy_cost_command(subparsers) -> None:
     parser.add_argument("--acceptance", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default=None, help="a profile JSON: plan with its costs, report shares of its step")
+    parser.add_argument("--cost-model", choices=COST_MODELS, default="cells",
+                        help="the online correction the policy's cost model runs (its observe is timed too)")
 
 
 def run_policy_cost(args) -> int:
@@ -37,7 +40,7 @@ def run_policy_cost(args) -> int:
     reference = CostModel.from_profile(profile) if profile else None  # uncorrected: the step a share is of
     results, shares = {}, {}
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        costs = CostModel.from_profile(profile) if profile else None
+        costs = cost_model_for(profile, args.cost_model) if profile else None
         policy = make_policy(args.policy, cost_model=costs)
         stop_rule = adopt_stop_rule(policy)
         histories = [AcceptanceHistory() for _ in range(batch)]
@@ -66,7 +69,8 @@ def run_policy_cost(args) -> int:
             shares[str(batch)] = round(100 * elapsed / args.steps / reference.step_seconds(batch, 200, 0), 4)
             line += f" = {shares[str(batch)]:.3f}% of a one-token step"
         print(line)
-    summary = {"policy": args.policy, "steps": args.steps, "us_per_request_per_step": results}
+    summary = {"policy": args.policy, "cost_model": args.cost_model, "steps": args.steps,
+               "us_per_request_per_step": results}
     if profile:
         summary.update(profile=profile.get("name"), percent_of_one_token_step=shares)
     print_json_line(summary)
