@@ -7,14 +7,15 @@
 #
 #   bash scripts/cost_model_real_bars.sh [RESULTS_DIR] [PROMPTS_PER_WORKLOAD]
 #
-# Writes RESULTS_DIR/cost-bars/{here,perturbed}.json and one result file per batch size. Takes
+# Writes RESULTS_DIR/cost-bars/STAMP/{here,perturbed}.json (STAMP: the run's UTC start, so an earlier
+# run's result files keep the profiles they name) and one result file per batch size. Takes
 # about 45 minutes on the 2-core CPU; run nothing else meanwhile (the figures are wall-clock).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results}
 prompts=${2:-16}
 cli=.venv/bin/adaptive-spec
-work="$out/cost-bars"
+work="$out/cost-bars/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$work"
 
 "$cli" profile --pair qwen-coder --quick --quiet --name cost-bars-here --out "$work/here.json"
