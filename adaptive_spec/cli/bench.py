@@ -57,6 +57,7 @@ import torch
 from tqdm import tqdm
 
 from ..control import make_policy
+from ..control.online_cost import learned_summary, print_learned
 from ..profiling.profile_file import load_profile
 from ..results.comparisons import compare, format_intervals, rotated
 from ..results.result_file import add_save_option, result_document, save_result
@@ -92,7 +93,9 @@ def add_bench_command(subparsers) -> None:
                              "--humaneval/--sharegpt/--prompt")
     parser.add_argument("--batch-size", type=int, default=1,
                         help="requests in flight per configuration (closed loop); above 1 the HF baselines are skipped")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated engine policies")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help="comma-separated engine policies; POLICY@START (a profile file, a learned state or "
+                             "none) starts that lane's cost model there, so one run compares cost-model starts")
     parser.add_argument("--profile", default="auto",
                         help="latency profile for goodput: a file (a profile or a learned state), 'auto' or 'none'")
     add_learning_options(parser)
@@ -217,12 +220,7 @@ def run_bench(args) -> int:
 
     _print_table(rows, workloads)
     print(format_intervals(intervals))
-    for row in rows:
-        if "cost_model" in row:
-            learned = row["cost_model"]
-            events = f", {learned['outliers']} outliers, {learned['shifts']} shifts" if learned["kind"] == "shared" else ""
-            print(f"[{row['config']} at t={row['temperature']}: cost model {learned['kind']} learned from "
-                  f"{learned['observations']} steps{events}]")
+    print_learned(rows)
     single = len(temperatures) == 1
     document = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -429,7 +427,7 @@ def _rows(lanes: dict, temperature: float, workloads: list[str], batch_size: int
                "workloads": {w: _figures(t) for w, t in zip(workloads, tallies)}}
         if batch_size > 1:
             row["peak_batch"] = lane.peak_batch
-        learned = _cost_model_events(getattr(getattr(lane, "policy", None), "cost_model", None))
+        learned = learned_summary(getattr(getattr(lane, "policy", None), "cost_model", None))
         if learned:
             row["cost_model"] = learned
         rows.append(row)
@@ -442,16 +440,6 @@ def _structured(args) -> str | None:
         if getattr(args, option, None) is not None:
             return f"--{option.replace('_', '-')} {getattr(args, option)}"
     return "--json" if getattr(args, "json", False) else None
-
-
-def _cost_model_events(model) -> dict | None:
-    """What a policy's cost model learned in the run: steps learned from; for the shared model the
-    steps it ignored as outliers and the sustained shifts it detected."""
-    if model is None or not hasattr(model, "observations"):
-        return None
-    shared = hasattr(model, "shifts")
-    return {"kind": "shared" if shared else "cells", "observations": int(model.observations),
-            "outliers": int(model.outliers) if shared else None, "shifts": int(model.shifts) if shared else None}
 
 
 def _figures(tally: Tally) -> dict:

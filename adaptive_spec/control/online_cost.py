@@ -81,9 +81,11 @@ from typing import Any
 
 import numpy as np
 
-from .cost_model import _BASE_FLOOR, _USUAL_CATCHUP, Corrections, CostModel, _median, timed_step
+from .cost_model import _BASE_FLOOR, _USUAL_CATCHUP, Corrections, CostModel, timed_step
+from .profile_tables import median
 
-__all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "resolve_kind", "COST_MODELS", "LEARNED_KEY"]
+__all__ = ["SharedCostModel", "PARAMETERS", "cost_model_for", "resolve_kind", "learned_summary", "print_learned",
+           "COST_MODELS", "LEARNED_KEY"]
 
 SHARED = ("v_base", "v_rows", "v_first", "v_more", "v_ctx", "d_base", "d_rows", "d_more", "d_ctx", "r")
 _V, _D, _R = slice(0, 5), slice(5, 9), slice(9, 10)
@@ -423,7 +425,27 @@ class SharedCostModel(CostModel):
     def draft_catchup_seconds(self, tokens: int) -> float | None:
         if not self._catchup:
             return None
-        return _median(self._catchup) * max(tokens - self.catchup_tokens, 0.0)
+        return median(self._catchup) * max(tokens - self.catchup_tokens, 0.0)
+
+
+def learned_summary(model: Any) -> dict | None:
+    """What a policy's cost model learned in a run, for a bench row: steps learned from; for the
+    shared model the steps it set aside as outliers and the sustained shifts it detected."""
+    if model is None or not hasattr(model, "observations"):
+        return None
+    shared = isinstance(model, SharedCostModel)
+    return {"kind": "shared" if shared else "cells", "observations": int(model.observations),
+            "outliers": int(model.outliers) if shared else None, "shifts": int(model.shifts) if shared else None}
+
+
+def print_learned(rows: list[dict]) -> None:
+    """One line per bench row that carries a `cost_model` summary (`learned_summary`)."""
+    for row in rows:
+        learned = row.get("cost_model")
+        if learned:
+            events = f", {learned['outliers']} outliers, {learned['shifts']} shifts" if learned["kind"] == "shared" else ""
+            print(f"[{row['config']} at t={row['temperature']}: cost model {learned['kind']} learned from "
+                  f"{learned['observations']} steps{events}]")
 
 
 def resolve_kind(kind: str | None, saving: bool, *, kind_name: str = "--cost-model",
