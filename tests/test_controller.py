@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from adaptive_spec.control import KEEP_LAST, ConfidenceCalibration, CostModel, GoodputConfig, GoodputPolicy, StepRecord
+from adaptive_spec.control.step_cost import StepCostBase
 from adaptive_spec.control.policy import RequestOutcome, RequestView, AcceptanceHistory, adopt_stop_rule
 from adaptive_spec.simulation.simulator import cost_model_from, simulate
 from adaptive_spec.simulation.trace_file import RequestTrace
@@ -94,7 +95,7 @@ def test_calibration_state_round_trips_and_refuses_garbage():
 
 
 # --- stopping inside the step -----------------------------------------------------------------
-class KneeCost:
+class KneeCost(StepCostBase):
     """Batch-1 step costs with a CPU-like knee: 1 and 2 drafts cost more than 3 (seconds)."""
 
     table = [1.0, 2.4, 2.6, 1.5, 1.8, 2.1, 2.4, 2.7, 3.0]
@@ -274,7 +275,7 @@ def test_probes_share_their_step():
 
 
 # --- option stopping (stopping.py) -------------------------------------------------------------
-class RaggedCost:
+class RaggedCost(StepCostBase):
     """Whole-batch step costs at batch 8 (K = 0..4), and optionally vLLM-like ragged pricing: one
     drafting row pays `one_row` of the drafting increment, the others the rest in equal parts."""
 

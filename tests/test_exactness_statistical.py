@@ -32,6 +32,7 @@ import torch
 from scipy import stats
 
 from adaptive_spec import NgramDrafter, PrefixConstraint, SamplingParams, SpecEngine
+from adaptive_spec.control.step_cost import StepCostBase
 from adaptive_spec.control import GoodputConfig, GoodputPolicy, PolicyBase, make_policy
 from adaptive_spec.engine import engine as engine_module
 from adaptive_spec.engine import processing
@@ -105,7 +106,7 @@ class RaggedPolicy(PolicyBase):
         return [self._k[r.request_id] for r in requests]
 
 
-class CheapDrafting:
+class CheapDrafting(StepCostBase):
     """A machine where drafting is nearly free, so goodput really speculates at this batch size and
     its in-step rule keeps drafting deep even on this tiny, unconfident draft."""
 

@@ -14,11 +14,12 @@ from adaptive_spec.control import (AcceptanceEstimator, AcceptancePrior, BatchTa
                                    GoodputConfig, GoodputPolicy, HFHeuristicPolicy, RequestOutcome, RequestView,
                                    StepRecord, expected_emitted, known_policies, make_policy)
 from adaptive_spec.control.policy import AcceptanceHistory
+from adaptive_spec.control.step_cost import StepCostBase
 
 PRESETS = Path(__file__).resolve().parents[1] / "policies"
 
 
-class LinearCosts:
+class LinearCosts(StepCostBase):
     """step(B, K) = B * (draft * K + verify * (1 + slope * K)) + fixed: a known, simple machine."""
 
     def __init__(self, draft=0.3, verify=1.0, slope=0.1, fixed=0.0):
@@ -388,3 +389,13 @@ def test_an_uncertain_price_is_tried_while_its_optimistic_price_wins():
     assert first_choice(100.0) > 0
     with pytest.raises(ValueError):
         GoodputConfig(cost_exploration_z=-1.0)
+
+
+def test_a_cost_model_missing_part_of_the_protocol_is_a_clear_error():
+    class TableOnly:
+        def step_seconds_table(self, batch, context, k_max):
+            return [1.0] * (k_max + 1)
+
+    with pytest.raises(TypeError, match="lacks has_draft, draft_seconds, drafting_share, catch_up_seconds, price_spread, observe"):
+        GoodputPolicy(TableOnly())
+    GoodputPolicy(LinearCosts())  # the base class's defaults complete it

@@ -9,6 +9,7 @@ from .policy import (KEEP_LAST, AcceptanceHistory, Policy, PolicyBase, PolicyErr
                      StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks, draft_stop_rule, mean_acceptance_length,
                      run_stop_rule)
 from .registry import known_policies, load_preset, make_policy
+from .step_cost import StepCost, StepCostBase
 
 __all__ = [
     "KEEP_LAST",
@@ -16,5 +17,5 @@ __all__ = [
     "ConfidenceCalibration", "CostModel", "EmaTiersPolicy", "GoodputConfig", "GoodputPolicy", "HFHeuristicPolicy", "Policy",
     "RequestOutcome", "RequestView", "StaticPolicy", "StepRecord", "expected_emitted", "known_policies",
     "load_preset", "make_policy", "PolicyBase", "PolicyError", "choose_ks", "draft_stop_rule", "ask_stop_rule", "adopt_stop_rule", "run_stop_rule",
-    "mean_acceptance_length",
+    "mean_acceptance_length", "StepCost", "StepCostBase",
 ]

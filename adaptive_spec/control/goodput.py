@@ -96,22 +96,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from .acceptance import AcceptanceEstimator, AcceptancePrior, expected_emitted
 from .calibration import ConfidenceCalibration, RequestOffset
 from .policy import KEEP_LAST, PolicyBase, RequestView, StepRecord
+from .step_cost import StepCost, check_step_cost
 from .stopping import continuation_values, decide
 
 _RECENT = 32  # draft confidences kept per request (and, pooled, per policy) for option stopping
 _OWN = 8  # a request uses its own once it has this many; before, the pool's
 _QUANTILES = 8  # the sample of next-draft acceptance is cut to this many quantiles
-
-
-class StepCost(Protocol):
-    def step_seconds_table(self, batch: int, context: float, k_max: int) -> list[float]: ...
-
-    def observe(self, record: StepRecord) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -196,6 +191,7 @@ class GoodputPolicy(PolicyBase):
     name: str = "goodput"
 
     def __post_init__(self) -> None:
+        check_step_cost(self.cost_model)
         positions = max(self.config.max_k, 1)
         self.prior = AcceptancePrior(max_positions=positions, initial_rate=self.config.prior_rate)
         self.calibration = ConfidenceCalibration(positions=positions)
@@ -358,13 +354,13 @@ class GoodputPolicy(PolicyBase):
         """The step's cost if it verifies `final` drafts, having run the draft forwards of
         positions 0..position already (a dropped draft's forward is still paid)."""
         cost = self._costs[final]
-        draft_seconds = getattr(self.cost_model, "draft_seconds", None)
-        if final <= position and not getattr(self.cost_model, "has_draft", True):
+        if final <= position and not self.cost_model.has_draft:
             # a profile of whole steps (vLLM) times no draft forward apart: a dropped draft is
             # charged as a kept one (an overcharge by the verify's share of the step's increment)
             cost = self._costs[min(position + 1, len(self._costs) - 1)]
-        elif final <= position and draft_seconds is not None:
+        elif final <= position:
             batch, context = self._batch
+            draft_seconds = self.cost_model.draft_seconds
             cost += draft_seconds(batch, context, position + 1) - draft_seconds(batch, context, final)
         return cost
 
@@ -482,8 +478,8 @@ class GoodputPolicy(PolicyBase):
     def _row_shares(self, batch: int, k_max: int) -> list[tuple[float, float]]:
         """Per K: (one drafting row's share of the batch's drafting increment, each further row's),
         from the cost model's `drafting_share`; (1, 0) where a step costs its longest draft."""
-        share = getattr(self.cost_model, "drafting_share", None) if self.config.price_ragged_steps else None
-        if share is None or batch <= 1:
+        share = self.cost_model.drafting_share
+        if not self.config.price_ragged_steps or batch <= 1:
             return [(1.0, 0.0)] * (k_max + 1)
         out = [(1.0, 0.0)]
         for k in range(1, k_max + 1):
@@ -497,18 +493,16 @@ class GoodputPolicy(PolicyBase):
         down is tried while its optimistic price would win, and its timed steps then shrink the
         spread. Optimism as for acceptance (`exploration_z`); no random probing."""
         z = self.config.cost_exploration_z
-        spread = getattr(self.cost_model, "price_spread", None)
-        if not z or spread is None:
+        if not z:
             return costs
-        widths = spread(batch, k_max)
+        widths = self.cost_model.price_spread(batch, k_max)
         return [costs[0]] + [costs[0] + max(cost - costs[0] - z * width, 0.0) for cost, width in zip(costs[1:], widths[1:])]
 
     def _catch_up_rate(self, requests: Sequence[RequestView]) -> float:
         """Seconds per context token a lazy draft missed (0 when no row is behind or nothing prices it)."""
-        price = getattr(self.cost_model, "catch_up_seconds", None)
-        if not self.config.price_catch_up or price is None or not any(r.draft_behind for r in requests):
+        if not self.config.price_catch_up or not any(r.draft_behind for r in requests):
             return 0.0
-        return price(1)  # linear in tokens
+        return self.cost_model.catch_up_seconds(1)  # linear in tokens
 
     def _probes(self, requests: Sequence[RequestView], states: list[_RequestState], costs: list[float],
                 catch_ups: Sequence[float], drafting: set[int]) -> list[int]:
