@@ -4,7 +4,7 @@
     python -m adaptive_spec.report --check         # exit 1 if docs/results.md is not what the files give
 
 One section per result file (oldest first, by file name): what kind of run it was (measured through
-`bench`, or simulated from a profile), the machine, date, commit, package versions, settings and the
+`bench`, simulated from a profile, or the online cost model's simulated bars), the machine, date, commit, package versions, settings and the
 exact command; then per temperature a table of every configuration with its ratios to the best
 static configuration and to off and their paired 95% bootstrap intervals over prompts (recomputed
 here from the per-prompt figures with the fixed seed of `results.comparisons`, so the same files
@@ -26,7 +26,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .results.comparisons import INTERVAL_SEED, compare, is_static, prompt_totals, ratio_cell
+from .results.comparisons import INTERVAL_SEED, compare, first_or_best, is_static, prompt_totals, ratio_cell
 from .results.intervals import rate_interval
 from .results.result_file import load_result
 
@@ -35,6 +35,7 @@ RESULTS = ROOT / "results"
 PAGE = ROOT / "docs" / "results.md"
 FIGURES = ROOT / "docs" / "figures"
 HALF_WIDTH_KEY = "prompts_for_5pct"
+BARS = "cost-model-bars"  # scripts/cost_model_bars.py --save
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -54,6 +55,9 @@ def runs_by_temperature(result: Mapping) -> dict[str, list[dict]]:
 
 def measure_of(result: Mapping) -> str:
     """What the ratios divide: the per-prompt figures' total tokens over their total seconds."""
+    if result.get("kind") == BARS:
+        return ("goodput (tokens / simulated seconds) over the informed controller's on the same requests; for the "
+                "clock-change rows from 300 steps after the change on")
     if result.get("kind") == "simulate":
         return "total tokens / total simulated seconds (each request's share of its steps), paired per request"
     if (result.get("settings") or {}).get("rate"):
@@ -72,7 +76,8 @@ def render(results: Iterable[tuple[str, Mapping]], figures_link: str = "figures"
              "Ratios: `x best static` is to the fastest `off` / `static:K` (vLLM: `vllm-off` / `vllm-static:K`)",
              "configuration of the same run, `x off` to no speculation. `[low, high]` is a 95% paired bootstrap",
              "interval over prompts; `*` marks an interval that excludes 1.0. `n(+-5%)`: prompts a +-5%",
-             "interval would need at this run's per-prompt spread of that ratio.", ""]
+             "interval would need at this run's per-prompt spread of that ratio. A run of one policy's lanes",
+             "alone (`goodput@START`: cost models started apart) compares each with its first lane (`vs`).", ""]
     if not results:
         lines += ["No result files yet.", ""]
     for stem, result in results:
@@ -83,7 +88,8 @@ def render(results: Iterable[tuple[str, Mapping]], figures_link: str = "figures"
 def _section(stem: str, result: Mapping, figures_link: str) -> list[str]:
     kind = result.get("kind", "?")
     engine = result.get("engine") or ("vllm" if "vllm" in str(result.get("host", "")) else None)
-    title = {"bench": f"measured: bench, engine {engine or 'hf'}", "simulate": "simulated from a profile"}.get(kind, kind)
+    title = {"bench": f"measured: bench, engine {engine or 'hf'}", "simulate": "simulated from a profile",
+             BARS: "simulated: the online cost model's bars (scripts/cost_model_bars.py)"}.get(kind, kind)
     lines = [f"## {stem}", "", f"*{title}*", ""]
     lines += [f"- **Machine**: {_machine(result.get('machine') or {})}",
               f"- **Date (UTC)**: {result.get('created_utc', '?')}",
@@ -91,13 +97,15 @@ def _section(stem: str, result: Mapping, figures_link: str) -> list[str]:
               f"- **Packages**: {_packages(result.get('packages') or {})}",
               f"- **Settings**: {_settings(result)}",
               f"- **Measure**: {measure_of(result)}"]
-    if kind == "simulate":
+    if kind in ("simulate", BARS):
         lines.append("- **Timing**: step costs priced from the profile, no wall clock: not exposed to contention")
     command = result.get("command")
     lines += ["", "Command:", "", "```", command or "(run in-process; the options are in the file)", "```", ""]
     for temperature, runs in runs_by_temperature(result).items():
         lines += [f"### {stem}: temperature {temperature}" if temperature != "mixed" else f"### {stem}: mixed temperatures",
                   ""] + _table(runs) + [""]
+    if kind == BARS:
+        lines += _bars_table(result.get("rows") or []) + [""]
     for caption, name in figure_names(stem, result):
         lines += [f"![{caption}]({figures_link}/{name})", ""]
     return lines
@@ -109,14 +117,31 @@ def _table(runs: list[dict]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         entry = comparisons.get(run["config"], {})
-        best = entry.get("to_best_static")
-        reference = f" ({best['reference']})" if best else ""
+        best, reference = first_or_best(entry)
         cells = [f"`{run['config']}`", str(entry.get("prompts", len(run.get("prompts", [])) or "-")),
                  str(run.get("tokens", run.get("generated_tokens", "-"))), _number(run.get("tokens_per_s")),
                  ratio_cell(best) + reference, ratio_cell(entry.get("to_off")),
                  str(best.get(HALF_WIDTH_KEY) or "-") if best else "-",
                  _number(run.get("acceptance_rate"), 3), _number(run.get("mean_acceptance_length"))]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _bars_table(rows: list[dict]) -> list[str]:
+    """The cost model's bars: goodput against the informed controller's (the machine's own profile)
+    and the relative price error of K = 1..6 against K = 0 after 300 steps (after the change, for
+    the clock-change rows)."""
+    header = ["batch", "cost model", "given", "x informed", "price error mean / p90 / max", "3% after",
+              "outliers", "shifts"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        error = row.get("price_error_after_300") or {}
+        events = row.get("events") or {}
+        spread = " / ".join(_number(error.get(key), 3) for key in ("mean", "p90", "max") if key in error)
+        settled = row.get("steps_to_3pct", "")
+        lines.append("| " + " | ".join(str(cell) for cell in (
+            row.get("batch"), row.get("kind"), row.get("start"), _number(row.get("ratio"), 3), spread or "-",
+            "never" if settled is None else settled, events.get("outliers", "-"), events.get("shifts", "-"))) + " |")
     return lines
 
 
@@ -139,7 +164,13 @@ def _packages(packages: Mapping) -> str:
 
 
 def _settings(result: Mapping) -> str:
-    if result.get("kind") == "simulate":
+    if result.get("kind") == BARS:
+        options = result.get("options") or {}
+        keep = {"host": result.get("host"), "machine profile": result.get("profile"),
+                "other profile": result.get("other_profile"), "traces": result.get("traces"),
+                "min_steps": options.get("min_steps"), "change_at": options.get("change_at"),
+                "shared-model options": options.get("set")}
+    elif result.get("kind") == "simulate":
         keep = {"traces": result.get("traces"), "profile": result.get("profile"), "batch_size": result.get("batch_size"),
                 "rate": result.get("rate"), "host": (result.get("runs") or [{}])[0].get("host"),
                 "num_requests": (result.get("runs") or [{}])[0].get("num_requests")}

@@ -93,3 +93,32 @@ def test_a_newer_schema_is_refused(tmp_path):
     (tmp_path / "x.json").write_text(json.dumps({"schema_version": RESULT_SCHEMA_VERSION + 1}))
     with pytest.raises(ValueError, match="schema_version"):
         report.load_all(tmp_path)
+
+
+def test_the_cost_model_bars_render_as_one_table():
+    rows = [{"batch": 4, "kind": "shared", "start": "none", "ratio": 0.9712, "steps": 2000, "requests": 150,
+             "price_error_after_300": {"mean": 0.0441, "p90": 0.0747, "max": 0.4624},
+             "events": {"outliers": 3, "shifts": 1}},
+            {"batch": 4, "kind": "shared", "start": "draft x1.3 at step 1000", "ratio": 1.0, "steps_to_3pct": None,
+             "price_error_after_300": {"mean": 0.18, "max": 0.2}, "events": {"outliers": 0, "shifts": 0}}]
+    result = {"schema_version": RESULT_SCHEMA_VERSION, "kind": report.BARS, "created_utc": "2026-12-07T03:00:00+00:00",
+              "host": "vllm", "profile": "profiles/a.json", "other_profile": "profiles/b.json", "rows": rows,
+              "options": {"min_steps": 2000, "change_at": 1000, "set": []}, "command": "python scripts/cost_model_bars.py"}
+    page = report.render([("20261207T030000Z-cost-model-bars-vllm", result)])
+    assert "| 4 | shared | none | 0.971 | 0.044 / 0.075 / 0.462 |  | 3 | 1 |" in page
+    assert "| 4 | shared | draft x1.3 at step 1000 | 1.000 | 0.180 / 0.200 | never | 0 | 0 |" in page
+    assert "min_steps 2000" in page and "not exposed to contention" in page
+
+
+def test_lanes_of_one_policy_are_compared_with_the_first_lane():
+    """No static or off configuration in the run (cost-model starts side by side): each lane's ratio
+    is to the first lane, marked `vs`; with a static one present (negative control) there is none."""
+    from adaptive_spec.results.comparisons import compare, first_or_best
+
+    rng = np.random.default_rng(0)
+    lanes = {name: _prompts(rng, speed) for name, speed in (("goodput@here", 5.0), ("goodput@none", 4.5))}
+    table = compare(lanes)
+    best, reference = first_or_best(table["goodput@none"])
+    assert reference == " (vs goodput@here)" and best["ratio"] < 1 and "to_first" not in table["goodput@here"]
+    with_static = compare({**lanes, "static:3": _prompts(rng, 4.0)})
+    assert all("to_first" not in entry for entry in with_static.values())

@@ -44,8 +44,9 @@ def prompt_totals(prompts: Iterable[Mapping]) -> dict[int, tuple[float, float]]:
 
 def compare(runs: Mapping[str, Sequence[Mapping]], *, seed: int = INTERVAL_SEED,
             resamples: int = DEFAULT_RESAMPLES, half_width: float = 0.05) -> dict[str, dict]:
-    """config -> its ratios to the best static configuration and to off, each with a paired 95%
-    interval over the prompts every configuration served, the per-prompt spread of that paired ratio
+    """config -> its ratios to the best static configuration and to off (in a run with neither: to
+    the first configuration, `to_first`), each with a paired 95% interval over the prompts every
+    configuration served, the per-prompt spread of that paired ratio
     and the prompts a +-`half_width` interval would need at that spread. `runs`: config -> per-prompt
     records, in the order the table shows them."""
     totals = {config: prompt_totals(prompts) for config, prompts in runs.items()}
@@ -59,10 +60,12 @@ def compare(runs: Mapping[str, Sequence[Mapping]], *, seed: int = INTERVAL_SEED,
     statics = [config for config in columns if is_static(config)]
     best = max(statics, key=speeds.get, default=None)
     off = next((config for config in OFF_CONFIGS if config in columns), None)
+    # a run of one policy's lanes alone (`goodput@START`, ...): each is compared with the first lane
+    first = next(iter(columns)) if best is None and off is None else None
     out = {}
     for config in columns:
         entry = {"prompts": len(shared), "tokens_per_s": round(speeds[config], 4)}
-        for label, reference in (("to_best_static", best), ("to_off", off)):
+        for label, reference in (("to_best_static", best), ("to_off", off), ("to_first", first)):
             if reference is None or reference == config:
                 continue
             pair = (*columns[config], *columns[reference])
@@ -72,6 +75,13 @@ def compare(runs: Mapping[str, Sequence[Mapping]], *, seed: int = INTERVAL_SEED,
                             f"prompts_for_{round(half_width * 100)}pct": prompts_for_half_width(spread, half_width)}
         out[config] = entry
     return out
+
+
+def first_or_best(entry: Mapping) -> tuple[Mapping | None, str]:
+    """A comparison's ratio to the best static configuration, or where the run has none, to its first
+    lane: (the ratio, its reference as a table cell shows it)."""
+    best = entry.get("to_best_static") or entry.get("to_first")
+    return best, (f" ({_vs(entry)}{best['reference']})" if best else "")
 
 
 def ratio_cell(comparison: Mapping | None, digits: int = 2) -> str:
@@ -95,15 +105,20 @@ def format_intervals(intervals: Mapping[str, Mapping[str, Mapping]], measure: st
              header, "-" * len(header)]
     for temperature, table in intervals.items():
         for config, entry in table.items():
-            best = entry.get("to_best_static")
-            best_cell = f"{ratio_cell(best)} ({best['reference']})" if best else "-"
+            best, reference = first_or_best(entry)
+            best_cell = ratio_cell(best) + reference
             lines.append(f"{temperature:>5} {config:<16} {best_cell:<32} {ratio_cell(entry.get('to_off')):<24} "
                          f"{entry['prompts']:>8}")
     return "\n".join(lines)
+
+
+def _vs(entry: Mapping) -> str:
+    """'vs ' where a ratio is to the first lane rather than to the best static configuration."""
+    return "vs " if "to_first" in entry else ""
 
 
 def _rounded(value: float) -> float | None:
     return None if value != value else round(value, 4)  # NaN (one prompt) -> None
 
 
-__all__ = ["TOTAL_RATE", "compare", "format_intervals", "is_static", "prompt_totals", "ratio_cell", "ratio_of_totals", "rotated", "OFF_CONFIGS"]
+__all__ = ["TOTAL_RATE", "compare", "first_or_best", "format_intervals", "is_static", "prompt_totals", "ratio_cell", "ratio_of_totals", "rotated", "OFF_CONFIGS"]

@@ -473,3 +473,23 @@ def test_a_learned_state_that_cannot_be_written_warns_once_and_the_engine_goes_o
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert saver.save() is False  # warned once
+
+
+def test_bench_lanes_start_their_cost_models_from_their_own_profiles():
+    """`bench --engine vllm --policies goodput@FILE,goodput@none`: each lane's controller is built
+    from its start (the vLLM bench module imports without vLLM); a bare name takes --profile's."""
+    import types
+
+    from adaptive_spec.integrations.vllm import bench
+
+    committed = "profiles/cpu-2core-vllm-qwen-coder-fp32.json"
+    args = types.SimpleNamespace(profile="none")
+    assert bench._lane_profile("goodput", args) is None
+    assert bench._lane_profile(f"goodput@{committed}", args) == committed
+    assert bench._lane_profile("goodput@auto", types.SimpleNamespace(profile=committed)) is None
+    from_file = bench._controller(f"goodput@{committed}", bench._lane_profile(f"goodput@{committed}", args), "shared")
+    generic = bench._controller("goodput@none", None, "shared")
+    assert from_file.policy.name == generic.policy.name == "goodput"
+    assert not from_file.cost_model.is_default and generic.cost_model.is_default
+    assert bench.learned_summary(generic.cost_model) == {"kind": "shared", "observations": 0, "outliers": 0, "shifts": 0}
+    assert bench.learned_summary(bench._controller("vllm-static:3").cost_model) is None

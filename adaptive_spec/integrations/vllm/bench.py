@@ -51,7 +51,7 @@ import numpy as np
 
 from ...assets import encode_prompt
 from ...control.cost_model import CostModel
-from ...control.online_cost import resolve_kind
+from ...control.online_cost import learned_summary, print_learned, resolve_kind
 from ...control.registry import make_policy
 from ...profiling.profile_file import load_profile
 from ...results.comparisons import compare, format_intervals, rotated
@@ -98,16 +98,20 @@ def run_vllm_bench(args, prompts) -> int:
     configs = [c.strip() for c in args.policies.split(",") if c.strip()]
     if _profile_path(args):
         load_profile(_profile_path(args))  # a missing or corrupt profile fails before any model loads
-    for config in configs:  # an unknown policy too
-        if config != "vllm-off" and not config.startswith("vllm-"):
-            make_policy(config, CostModel.default)
+    for config in configs:  # an unknown policy, or a lane's missing or corrupt start, too
+        name, _, start = config.partition("@")
+        if not name.startswith("vllm-"):
+            make_policy(name, CostModel.default)
+        if start.strip() not in ("", "none", "auto"):
+            load_profile(start.strip())
     temperatures = [float(t) for t in args.temperatures.split(",")]
     pair = args.pair or ("qwen-coder" if not args.target else None)
     base = EngineSpec.for_pair(pair) if pair else EngineSpec(args.target, args.draft)
     if args.draft:
         base = EngineSpec(base.target, None if args.draft == "none" else args.draft)
     speculative = [c for c in configs if c != "vllm-off"]
-    max_k = args.max_k or max([_static_k(c) for c in speculative] + [4, 5 if "goodput" in configs else 0])
+    goodput = any(c.partition("@")[0] == "goodput" for c in configs)
+    max_k = args.max_k or max([_static_k(c) for c in speculative] + [4, 5 if goodput else 0])
     # No prefix caching: configurations run the same prompts in turn, and a later one must not find
     # its prompts already cached by an earlier one (that favoured later configurations' TTFT).
     common = dict(dtype=args.dtype, max_num_seqs=args.max_num_seqs, threads=args.threads, seed=args.seed,
@@ -128,6 +132,7 @@ def run_vllm_bench(args, prompts) -> int:
         rows += _run_configs(llm, speculative, prompt_ids, workloads, trace, temperatures, args, controllers)
     _add_ratios(rows)
     _print_table(rows)
+    print_learned(rows)
     per_request = [row.pop("prompts") for row in rows]
     intervals = {str(t): compare({r["config"]: p for r, p in zip(rows, per_request) if r["temperature"] == t})
                  for t in temperatures}
@@ -168,7 +173,7 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
     rows = []
     for temperature in temperatures:
         kind = resolve_kind(getattr(args, "cost_model", None), bool(getattr(args, "save_learned", None)))
-        controllers = {c: _controller(c, _profile_path(args), kind) for c in configs}
+        controllers = {c: _controller(c, _lane_profile(c, args), kind) for c in configs}
         if kept is not None:
             kept += [c for c in controllers.values() if c is not None]
         results = {c: [] for c in configs}
@@ -245,8 +250,18 @@ def _controller(config: str, profile: str | None = None, cost_model: str | None 
         return None
     if config.startswith("vllm-"):
         return SpecController(make_policy("off"))  # vLLM chooses; this one only counts acceptance
-    policy, model = ControllerSettings(config, profile, cost_model).build()  # as the plug-in builds it in a server
+    name = config.partition("@")[0]
+    policy, model = ControllerSettings(name, profile, cost_model).build()  # as the plug-in builds it in a server
     return SpecController(policy, model)
+
+
+def _lane_profile(config: str, args) -> str | None:
+    """`POLICY@START`: this lane's cost model starts from START (a profile or learned state; `none`
+    or `auto`: generic), so one run compares starts on the same prompts; else --profile's."""
+    start = config.partition("@")[2].strip()
+    if not start:
+        return _profile_path(args)
+    return None if start in ("none", "auto") else start
 
 
 def _save_learned(args, controllers: list[SpecController]) -> None:
@@ -286,6 +301,9 @@ def _summary(config, temperature, timings, controller, rate) -> dict:
            "requests": len(timings), "tokens": tokens, "seconds": round(seconds, 3),
            "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None, **_latencies(timings),
            "prompts": [_request_record(t) for t in timings]}  # taken off the row before printing
+    learned = learned_summary(getattr(controller, "cost_model", None))
+    if learned:  # None for vllm-off and the vllm-* lanes (their controllers only count acceptance)
+        row["cost_model"] = learned
     if drafted:
         row["acceptance_rate"] = round(accepted / drafted, 4)
     if steps:
