@@ -2,7 +2,8 @@
 reads. One JSON document per run:
 
   schema_version     RESULT_SCHEMA_VERSION; a reader refuses a newer one
-  kind               "bench" (measured wall-clock time) or "simulate" (steps priced from a profile)
+  kind               "bench" (measured wall-clock time), "simulate" (steps priced from a profile) or
+                     "cost-model-bars" (scripts/cost_model_bars.py: the online cost model's simulated bars)
   created_utc        when it was written, ISO 8601
   machine            CPU model, cores, memory, platform, Python
   git                the checkout's commit and whether it had uncommitted changes (None outside git)
