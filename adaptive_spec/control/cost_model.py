@@ -210,6 +210,11 @@ class CostModel:
     The model is not thread-safe: one engine, one cost model.
     """
 
+    # Whether `observe` prices any step itself from its rows' lengths (`StepRecord.outcomes`,
+    # `.drafting`), so a whole-step host hands it the raw time of every step; False: a host times
+    # only steps a (batch, K) cell stands for, scaled to it (`step_timing.cell_equivalent`).
+    fits_any_step = False
+
     def __init__(
         self,
         target: Grid,
@@ -394,6 +399,11 @@ class CostModel:
         """The uncertainty (one standard deviation, seconds) of each K's step price above K = 0's,
         K = 0..k_max: 0 here, where a per-cell correction keeps no uncertainty (see
         `online_cost.SharedCostModel.price_spread`)."""
+        return [0.0] * (int(k_max) + 1)
+
+    def untimed_misfit(self, batch: int, k_max: int) -> list[float]:
+        """0 for every K: the per-cell correction prices no length by another's evidence (see
+        `online_cost.SharedCostModel.untimed_misfit`)."""
         return [0.0] * (int(k_max) + 1)
 
     def ragged_step_seconds(self, batch: int, context: float, ks: Sequence[int]) -> float:

@@ -50,6 +50,20 @@ shape is a guess, not a measurement, whose scale may be off by orders of magnitu
 `SharedCostModel.default()` each component's prior mean becomes its first timed row's ratio
 measured / predicted (the machine's scale, empirical Bayes), with prior_sd = 1 on that.
 
+Any step (`fits_any_step`). A host's step need not be a cell: vLLM's rows verify the lengths
+drafted a step before while drafting others (`StepRecord.drafting`), ragged, with drafts dropped
+inside the step. A step timed as a whole is one row whose features are those of each side priced
+as the host prices it (a ragged side: K = 0's features plus each length's drafting share of the
+increment to its cell, `drafting_share`) averaged over the two sides, with the draft positions
+run standing for dropped drafts; so every step teaches, none is discarded. An untimed step (time 0)
+teaches nothing and does not age what was learned.
+
+Untimed lengths. `untimed_misfit(b, K)` is the relative misfit (`untimed_misfit`, 0.15) a price
+may have at lengths no step within the memory (1 / (1 - lam) learned steps) timed in b's
+power-of-two batch class, 0 at the others: the posterior is sure of parameters that were never
+told apart, so its spread understates what a never-timed length may be off by. Goodput's price
+probe reads it (`GoodputPolicy._price_probe`).
+
 Outliers. A row's standardized residual is z = (t - u . theta) / sqrt(sigma^2 + u' L^-1 u):
 the noise sigma (an exponentially weighted RMS of recent residuals, floored at `sigma_floor`)
 plus the parameters' own uncertainty, so early misses of a wrong prior are learned. Huber
@@ -100,10 +114,12 @@ LEARNED_KEY = "learned"  # a profile document's section holding a saved `learned
 class SharedCostModel(CostModel):
     """`CostModel`'s profile shape with the online correction of the module docstring."""
 
+    fits_any_step = True  # learns ragged, lag-mismatched and stopped steps through their features
+
     def __init__(self, *args: Any, prior_sd: float = 0.3, noise: float = 0.02, forgetting: float = 0.995,
                  sigma_floor: float = 0.01, huber: float = 2.5, reject: float = 6.0, cusum_threshold: float = 12.0,
                  shift_keep: float = 0.0, cusum_slack: float = 1.0, prior_correlation: float = 0.5, deviation_sd: float = 0.05,
-                 deviation_correlation: float = 0.7, **options: Any):
+                 deviation_correlation: float = 0.7, untimed_misfit: float = 0.15, **options: Any):
         if not prior_sd > 0 or not noise > 0 or not 0 < forgetting <= 1 or not 0 <= shift_keep <= 1:
             raise ValueError("need prior_sd > 0, noise > 0, 0 < forgetting <= 1 and 0 <= shift_keep <= 1")
         if not 0 <= prior_correlation < 1:
@@ -114,6 +130,9 @@ class SharedCostModel(CostModel):
         if not deviation_sd > 0 or not 0 <= deviation_correlation < 1:
             raise ValueError("need deviation_sd > 0 and 0 <= deviation_correlation < 1")
         self.deviation_correlation = float(deviation_correlation)
+        if not untimed_misfit >= 0:
+            raise ValueError("need untimed_misfit >= 0")
+        self.misfit = float(untimed_misfit)
         self.prior_sd, self.noise, self.deviation_sd = float(prior_sd), float(noise), float(deviation_sd)
         self.forgetting, self.sigma_floor = float(forgetting), float(sigma_floor)
         self.huber, self.reject = float(huber), float(reject)
@@ -166,6 +185,7 @@ class SharedCostModel(CostModel):
         self._rows: dict[int, tuple] = {}
         self._bases: dict[int, tuple] = {}
         self._spreads: dict[int, tuple] = {}
+        self._timed_at: dict[tuple[int, int], int] = {}  # (batch class, K) -> learned steps when last timed
         self._c0 = float(self._target.contexts[0])
         self._d0 = float(self._draft.contexts[0])
 
@@ -321,19 +341,30 @@ class SharedCostModel(CostModel):
             hit = self._spreads[b] = (self._version, spread)
         return hit[1][: k_max + 1]
 
+    def untimed_misfit(self, batch: int, k_max: int) -> list[float]:
+        """Per K = 0..k_max: `misfit` (0.15: the committed profiles' tables miss by 11-15% leave-one-
+        out) for a length no step of a like batch size (same power of two) timed within the model's
+        memory (1 / (1 - forgetting) learned steps), else 0. The posterior spread of such a length's
+        price is only as good as the profile's shape: steps at K = 1 alone cannot tell a slower
+        machine from a dearer draft, and may price K = 0 far off with a small spread. Goodput reads
+        it to price a probe of that length (`GoodputPolicy._price_probe`)."""
+        memory = 1.0 / (1.0 - self.forgetting) if self.forgetting < 1 else float("inf")
+        group = int(batch).bit_length()
+        return [0.0 if self.observations - self._timed_at.get((group, k), -math.inf) <= memory else self.misfit
+                for k in range(int(k_max) + 1)]
+
     # --- learning ---------------------------------------------------------------------------------
     def observe(self, record: Any) -> None:
-        """Learn from one engine step (a `StepRecord`); see the module docstring."""
+        """Learn from one engine step (a `StepRecord`); see the module docstring. A step timed only
+        as a whole (no draft or verify part) is one row whatever its shape (`_step_features`)."""
         step = timed_step(record)
         if step is None:
             return
         b, k, c, draft, verify, total, positions, catchup = step
         rows: list[tuple[int, np.ndarray, float]] = []  # (kind, features, measured seconds)
         if not (draft > 0 or verify > 0):
-            if total > 0:  # timed as a whole: one row with every component's features
-                x = self._draft_features(b, c, positions) + self._verify_features(b, c, k + 1)
-                x[9] = self._rest_base(b, k)
-                rows.append((1, x, total))
+            if total > 0:
+                rows.append((1, self._step_features(b, c, record, positions).sum(axis=0), total))
         else:
             if positions > 0 and draft > 0:
                 x = self._draft_features(b, c, positions)
@@ -349,11 +380,52 @@ class SharedCostModel(CostModel):
                 x = np.zeros(len(PARAMETERS))
                 x[9] = self._rest_base(b, k)
                 rows.append((2, x, max(rest, _BASE_FLOOR)))
+        if not rows:
+            return  # an untimed step teaches nothing, and fades nothing
+        drafting = getattr(record, "drafting", ()) or ()
+        for length in {int(record.batch_k), *([max(int(k) for k in drafting)] if drafting else [])}:
+            self._timed_at[b.bit_length(), length] = self.observations
         self._forget()
         rejected = [self._learn(kind, x, y) for kind, x, y in rows]
         self.outliers += any(rejected)
         self._solve()
         self.observations += 1
+
+    def _cell_features(self, b: int, c: float, k: int, positions: int) -> np.ndarray:
+        """Draft, verify and rest features (one row each) of a uniform step at K = k whose draft
+        loop ran `positions` forwards."""
+        x = np.zeros((3, len(PARAMETERS)))
+        x[0] = self._draft_features(b, c, positions)
+        x[1] = self._verify_features(b, c, k + 1)
+        x[2, 9] = self._rest_base(b, k)
+        return x
+
+    def _side_features(self, b: int, c: float, ks: list[int], positions: int) -> np.ndarray:
+        """A step whose rows draft `ks`: the K = 0 step plus the drafting share of the increment to
+        the (b, max ks) cell, as `ragged_step_seconds` prices it (share 1 without ragged shares)."""
+        K = max(ks, default=0)
+        cell = self._cell_features(b, c, K, max(positions, K))
+        share = self.drafting_share(b, K, sum(ks) / K) if K else 1.0
+        if share >= 1.0:
+            return cell
+        base = self._cell_features(b, c, 0, 0)
+        return base + share * (cell - base)
+
+    def _step_features(self, b: int, c: float, record: Any, positions: int) -> np.ndarray:
+        """Features of any step from the lengths its rows verified (`outcomes[i].k`) and, where the
+        host drafts other lengths in the same step (vLLM's one-step lag, `StepRecord.drafting`),
+        those: uniform, ragged, lag-mismatched and stopped steps alike, none set aside. A
+        lag-mismatched step costs the mean of its two sides' steps (it verifies one length and
+        drafts another, where a profiled whole step does both at one), as the controller and the
+        simulator price it (`step_timing.mixed_step_seconds`)."""
+        verified = [int(o.k) for o in getattr(record, "outcomes", ())] or [int(record.batch_k)] * b
+        drafting = [int(k) for k in getattr(record, "drafting", ())]
+        if not drafting:
+            return self._side_features(b, c, verified, positions)
+        run = max(int(getattr(record, "draft_positions", 0) or 0), max(drafting))  # forwards the draft ran
+        if run > max(drafting) and not self.has_draft:  # a whole-step shape prices a dropped draft's
+            drafting = [run if k == max(drafting) else k for k in drafting]  # forward as a longer step
+        return (self._side_features(b, c, verified, max(verified)) + self._side_features(b, c, drafting, run)) / 2
 
     def _forget(self) -> None:
         lam = self.forgetting

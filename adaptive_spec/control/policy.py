@@ -100,6 +100,10 @@ class StepRecord:
     # chooses the next step's draft lengths before it reports what this step verified; -1: the
     # verified drafts came from no `choose` call (nothing to match them with).
     lag: int = 0
+    # What each row drafts in this step for the next one to verify, where that differs from what it
+    # verified (vLLM: the step verifies the previous choice and drafts the next); empty = each row's
+    # verified drafts (`outcomes[i].drafted`), as in a host that verifies its own step's drafts.
+    drafting: tuple[int, ...] = ()
 
 
 @runtime_checkable

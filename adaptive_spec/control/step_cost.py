@@ -34,6 +34,10 @@ class StepCost(Protocol):
     def price_spread(self, batch: int, k_max: int) -> list[float]:
         """One standard deviation of each K's price above K = 0's (0 where none is kept)."""
 
+    def untimed_misfit(self, batch: int, k_max: int) -> list[float]:
+        """Per K = 0..k_max, how far (relative) the price of a length no recent step timed may be off
+        however sure the parameters are (a shape's misfit); 0 for lengths timed lately."""
+
     def observe(self, record: StepRecord) -> None:
         """Learn from one timed step."""
 
@@ -58,6 +62,9 @@ class StepCostBase:
     def price_spread(self, batch: int, k_max: int) -> list[float]:
         return [0.0] * (int(k_max) + 1)
 
+    def untimed_misfit(self, batch: int, k_max: int) -> list[float]:
+        return [0.0] * (int(k_max) + 1)
+
     def observe(self, record: StepRecord) -> None:
         pass
 
@@ -66,7 +73,7 @@ def check_step_cost(cost_model: object) -> None:
     """TypeError naming what `cost_model` lacks of `StepCost`."""
     if not isinstance(cost_model, StepCost):
         members = ("has_draft", "step_seconds_table", "draft_seconds", "drafting_share", "catch_up_seconds",
-                   "price_spread", "observe")
+                   "price_spread", "untimed_misfit", "observe")
         missing = [name for name in members if not hasattr(cost_model, name)]
         raise TypeError(f"a cost model must implement control.step_cost.StepCost (subclass StepCostBase for the "
                         f"defaults); {type(cost_model).__name__} lacks {', '.join(missing)}")

@@ -7,6 +7,11 @@ model's online correction moves every part by the same measured ratio and its pr
 whole step converges to what was measured. Without a cost model the total is reported as verify
 time (nothing reads the split then).
 
+A cost model that prices any step from its rows' lengths (`CostModel.fits_any_step`: the shared
+model) is handed every decode step's raw time with those lengths (`StepRecord.drafting` where the
+host drafts other lengths than it verified), ragged, lag-mismatched and stopped steps included. The
+rest of this docstring is for one that does not (the per-cell correction).
+
 Which steps a profile cell stands for (`cell_equivalent`): a steady step (every row verified K
 drafts and drafts K again) is its (batch, K) cell. So is, once scaled, a step where a few rows sit
 at k = 0 beside rows at K (a long prompt whose catch-up would not pay, a row near its end): where
@@ -36,13 +41,31 @@ MIN_TIMED_CATCH_UP = 64
 STOP_MAX_BATCH = 1
 
 
+def fits_any_step(cost_model: object) -> bool:
+    """Whether a cost model prices any step from its rows' lengths (`CostModel.fits_any_step`); a
+    duck-typed one that does not say is taken to fit cells only."""
+    return bool(getattr(cost_model, "fits_any_step", False))
+
+
+def mixed_step_seconds(cost_model: CostModel, batch: int, context: float, verified: Sequence[int],
+                       drafting: Sequence[int]) -> float:
+    """A step that verified `verified` (per row) and drafts `drafting` for the next: the mean of the
+    two sides' steps (`CostModel.ragged_step_seconds`), since a profiled whole step verifies and
+    drafts one length. The same lists give that step itself."""
+    return (cost_model.ragged_step_seconds(batch, context, verified)
+            + cost_model.ragged_step_seconds(batch, context, drafting)) / 2
+
+
 def cell_equivalent(cost_model: CostModel | None, batch: int, context: float, verified: Sequence[int],
                     drafting: Sequence[int]) -> float:
     """The factor that turns a step's measured time into its (batch, K) cell's, 0 where no cell stands
     for it. `verified`: the drafts each row verified in the step; `drafting`: those it drafts for the
     next (the same list for a host that verifies its own step's drafts). A ragged step is scaled by the
-    cell's cost over the model's price of that step (`CostModel.ragged_step_seconds`: the profile's
-    ragged shares, else the cell's own cost, as a policy prices such a step)."""
+    cell's cost over the model's price of that step (`mixed_step_seconds`: the profile's ragged
+    shares, else the cell's own cost, as a policy prices such a step). 1 for a cost model that
+    `fits_any_step` (it prices the step itself)."""
+    if fits_any_step(cost_model):
+        return 1.0
     K = max([*verified, *drafting], default=0)
     if set(verified) | set(drafting) <= {K}:
         return 1.0
@@ -50,18 +73,21 @@ def cell_equivalent(cost_model: CostModel | None, batch: int, context: float, ve
         return 0.0
     if min(sum(verified), sum(drafting)) < MIN_FILLED_SHARE * K * batch:
         return 0.0
-    priced = (cost_model.ragged_step_seconds(batch, context, verified)
-              + cost_model.ragged_step_seconds(batch, context, drafting)) / 2
+    priced = mixed_step_seconds(cost_model, batch, context, verified, drafting)
     return cost_model.step_seconds(batch, context, K) / priced if priced > 0 else 0.0
 
 
 def whole_step_record(cost_model: CostModel | None, *, batch_size: int, batch_k: int,
                       context_lengths: Sequence[int], outcomes: Sequence[RequestOutcome],
-                      total_seconds: float, lag: int = 0) -> StepRecord:
+                      total_seconds: float, lag: int = 0, drafting: Sequence[int] = (),
+                      draft_positions: int = 0) -> StepRecord:
     """A `StepRecord` for a step measured as one wall time (0 = untimed: a cost model learns nothing);
-    `lag` as in `StepRecord`."""
+    `lag`, `drafting` and `draft_positions` as in `StepRecord`. For a cost model that does not
+    `fits_any_step` the time is split into the parts of the (batch, batch_k) cell."""
     draft = verify = 0.0
-    if total_seconds > 0 and cost_model is not None and context_lengths:
+    if fits_any_step(cost_model):
+        pass  # the whole time, priced by the model from the rows' lengths
+    elif total_seconds > 0 and cost_model is not None and context_lengths:
         context = max(context_lengths)
         parts = (cost_model.draft_seconds(batch_size, context, batch_k) if batch_k else 0.0,
                  cost_model.target_seconds(batch_size, context, batch_k + 1),
@@ -72,4 +98,5 @@ def whole_step_record(cost_model: CostModel | None, *, batch_size: int, batch_k:
         verify = total_seconds
     return StepRecord(batch_size=batch_size, batch_k=batch_k, context_lengths=tuple(context_lengths),
                       outcomes=tuple(outcomes), draft_seconds=draft, verify_seconds=verify,
-                      total_seconds=total_seconds, lag=lag)
+                      total_seconds=total_seconds, lag=lag, drafting=tuple(drafting),
+                      draft_positions=draft_positions)
