@@ -21,9 +21,11 @@ row's confidence; the policy's answers end rows early, and `draft_length` then g
 Timing: vLLM reports no split of a step, so the controller measures whole steps (schedule to
 update_from_output) and hands them to the policy through `control.step_timing.whole_step_record`,
 which attributes a whole step to the cost model's parts in the proportions the model predicts.
-Steps that prefill any prompt carry no timing (a prefill is not a decode step's cost), nor do
-ragged steps that no profile cell describes (a probe beside idle rows, a switch of K); one where a
-few rows sit at k = 0 beside rows at K is scaled to its cell (`step_timing.cell_equivalent`).
+Steps that prefill any prompt carry no timing (a prefill is not a decode step's cost). The shared
+cost model is handed every other step with each row's verified and drafting lengths and prices it
+itself (`CostModel.fits_any_step`); for the per-cell correction, ragged steps that no profile cell
+describes (a probe beside idle rows, a switch of K) carry no timing, and one where a few rows sit at
+k = 0 beside rows at K is scaled to its cell (`step_timing.cell_equivalent`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from ...control.online_cost import cost_model_for, resolve_kind
 from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
                                StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
 from ...control.registry import make_policy
-from ...control.step_timing import MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent, whole_step_record
+from ...control.step_timing import (MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent, fits_any_step,
+                                    mixed_step_seconds, whole_step_record)
 
 POLICY_ENV = "ADAPTIVE_SPEC_VLLM_POLICY"
 PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
@@ -346,10 +349,11 @@ class SpecController:
             outcomes.append(RequestOutcome(self._key(request.request_id), request.drafted, request.accepted,
                                            request.emitted))
         lag = self._calls - self._verified_call if self._verified_call is not None else -1
+        drafting = tuple(self.draft_length(r.request_id) for r in verified)
         record = whole_step_record(
             self.cost_model, batch_size=len(verified), batch_k=max(r.drafted for r in verified),
             context_lengths=tuple(r.context_length for r in verified), outcomes=tuple(outcomes), total_seconds=total,
-            lag=lag)
+            lag=lag, drafting=drafting, draft_positions=max(self._positions, *drafting))
         self.stats.steps += 1
         self.stats.ragged_steps += len({r.drafted for r in verified}) > 1
         self.stats.verified_histogram.update(r.drafted for r in verified)
@@ -370,6 +374,8 @@ class SpecController:
         none stands for it. vLLM's cost follows the tokens a step runs, not its longest draft, so a
         probe at k = 4 beside seven rows at 0 costs far less than the cell of its longest draft: timed
         into that cell it would make K = 4 look cheap for the whole batch."""
+        if fits_any_step(self.cost_model):
+            return 1.0  # it prices every step from the rows' lengths, dropped drafts included
         verified_ks = [r.drafted for r in verified]
         drafting_ks = [self.draft_length(r.request_id) for r in verified]
         if self._kept is not None and self._positions > max(verified_ks + drafting_ks):
@@ -391,13 +397,11 @@ class SpecController:
                           RuntimeWarning, stacklevel=3)
 
     def _step_without_catch_up(self, verified: Sequence[VerifiedRequest]) -> float:
-        """The predicted step: it verified the previous step's drafts and drafted this step's K, and a
-        profiled whole step does both at one K, so the mean of the two whole steps stands in."""
-        batch, context = len(verified), max(r.context_length for r in verified)
-        verified_k = max(r.drafted for r in verified)
-        drafted_k = max((self.draft_length(r) for r in self._chosen), default=0)
-        return (self.cost_model.step_seconds(batch, context, verified_k)
-                + self.cost_model.step_seconds(batch, context, drafted_k)) / 2
+        """The predicted step: it verified the previous step's drafts and drafted this step's
+        (`step_timing.mixed_step_seconds`)."""
+        context = max(r.context_length for r in verified)
+        return mixed_step_seconds(self.cost_model, len(verified), context, [r.drafted for r in verified],
+                                  [self.draft_length(r.request_id) for r in verified])
 
     def _fail(self, error: PolicyError) -> None:
         self.stats.policy_failures += 1
