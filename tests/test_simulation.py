@@ -366,10 +366,12 @@ class _DropsAll(PolicyBase):
 
 
 def test_the_vllm_host_charges_a_whole_step_profile_for_the_forwards_of_dropped_drafts():
-    """A vLLM profile times whole steps, so it holds no draft forward apart: a step that ran one
-    draft forward and dropped its draft is charged the increment of one more draft (step at K = 1
-    minus step at K = 0). Control: our engine's loop on the same profile charges the dropped forward
-    from the draft side of the profile alone (here only its draft-side overhead), less."""
+    """A vLLM profile times whole steps, so it holds no draft forward apart: a step that verified
+    nothing and ran one draft forward whose draft it dropped is charged as verifying at K = 0 and
+    drafting at K = 1, the mean of those two whole steps (vLLM's one-step lag,
+    `step_timing.mixed_step_seconds`): half the increment of one more draft. Control: our engine's
+    loop on the same profile charges the dropped forward from the draft side of the profile alone
+    (here only its draft-side overhead), less."""
     profile = json.loads(json.dumps(PROFILE))
     profile["draft"] = []
     trace = synthetic(1, 12, alpha=1.0).requests()
@@ -379,8 +381,9 @@ def test_the_vllm_host_charges_a_whole_step_profile_for_the_forwards_of_dropped_
     model = cost_model_from(profile)
     context = trace[0].prompt_length + 1
     increment = model.step_seconds(1, context, 1) - model.step_seconds(1, context, 0)
-    drafting_steps = off["steps"] - 1  # the last step has one token left: max_k = 0, no draft forward
-    assert dropped["simulated_seconds"] - off["simulated_seconds"] == pytest.approx(drafting_steps * increment, rel=0.02)
+    # drafts start where a step leaves its row: the last two steps leave at most one token, no draft
+    drafting_steps = off["steps"] - 2
+    assert dropped["simulated_seconds"] - off["simulated_seconds"] == pytest.approx(drafting_steps * increment / 2, rel=0.02)
     hf = simulate(trace, profile, _DropsAll(), host="hf")
     assert 0 < hf["simulated_seconds"] - off["simulated_seconds"] < 0.8 * off["steps"] * increment
 
@@ -396,16 +399,26 @@ class _DropsAllAndRecords(_DropsAll):
 
 def test_the_vllm_host_does_not_time_a_step_that_ran_a_dropped_draft_forward():
     """As the plug-in does, a vLLM-host step whose draft loop ran past the kept K (a forward no
-    profile cell holds) reaches the policy untimed. Control: our engine's loop times the same steps
-    (it keys the draft part by the positions the loop ran)."""
+    profile cell holds) reaches a policy without a cost model, or with the per-cell one, untimed;
+    the shared model, which prices such a step from its lengths, gets its whole time with the
+    positions the draft ran. Control: our engine's loop times the same steps (it keys the draft part
+    by the positions the loop ran); it has one more such step, since vLLM drafts where a step leaves
+    its row (one token before the end drafts nothing)."""
     trace = synthetic(1, 12, alpha=1.0).requests()
     records = {}
-    for host in ("vllm", "hf"):
+    for host, kind in (("vllm", None), ("vllm", "cells"), ("vllm", "shared"), ("hf", None)):
         policy = _DropsAllAndRecords()
+        if kind:
+            policy.cost_model = cost_model_from(PROFILE, kind, host)
         simulate(trace, PROFILE, policy, host=host)
-        records[host] = [r for r in policy.records if r.draft_positions > r.batch_k]
-    assert records["vllm"] and all(r.total_seconds == 0.0 for r in records["vllm"])
-    assert len(records["hf"]) == len(records["vllm"]) and all(r.total_seconds > 0 for r in records["hf"])
+        records[host, kind] = [r for r in policy.records if r.draft_positions > max([r.batch_k, *r.drafting])]
+    for untimed in (("vllm", None), ("vllm", "cells")):
+        assert records[untimed] and all(r.total_seconds == 0.0 for r in records[untimed])
+    shared = records["vllm", "shared"]
+    assert len(shared) == len(records["vllm", None]) and all(r.total_seconds > 0 for r in shared)
+    assert [r.lag for r in shared] == [-1] + [1] * (len(shared) - 1)  # the first step verified no choice
+    assert all(r.drafting == (0,) and r.draft_positions == 1 for r in shared)
+    assert len(records["hf", None]) == len(shared) + 1 and all(r.total_seconds > 0 for r in records["hf", None])
 
 
 def _slower(profile, factor):
@@ -620,3 +633,40 @@ def test_trace_cli_records_a_self_describing_file(tmp_path, tiny_model_dirs):
     assert meta["workload"] == "tiny" and meta["sampling"]["temperature"] == 0.7 and meta["target"] == target_dir
     assert meta["prompt_ids"] == ["prompt-0", "prompt-1"] and meta["drafter"] == "model"
     assert meta["draft_dtype"] == "int8" and meta["cpu_linear"] == "onednn"  # the defaults under an fp32 target
+
+
+class _Cycling(PolicyBase):
+    """k = 1, 2, 3, 1, 2, 3, ... per step for every row; keeps its choices and the records it gets."""
+
+    name = "cycling"
+
+    def __init__(self):
+        self.choices, self.records = [], []
+
+    def choose(self, requests):
+        k = 1 + len(self.choices) % 3
+        self.choices.append([k] * len(requests))
+        return self.choices[-1]
+
+    def observe(self, record):
+        self.records.append(record)
+
+
+def test_the_vllm_host_verifies_each_choice_one_step_later():
+    """vLLM chooses a step's drafts before it reports what the step verified: each record verifies
+    the choice made a step before (lag 1; the first verifies nothing chosen, lag -1) and carries
+    what this step drafts. Control: our engine's loop verifies each choice in its own step (lag 0)."""
+    trace = synthetic(1, 40, alpha=1.0).requests()
+    lagged, direct = _Cycling(), _Cycling()
+    simulate(trace, PROFILE, lagged, host="vllm")
+    simulate(trace, PROFILE, direct, host="hf")
+    records = lagged.records
+    assert records[0].lag == -1 and [o.k for o in records[0].outcomes] == [0]
+    assert all(r.lag == 1 for r in records[1:])
+    for before, record, chosen in zip(lagged.choices, records[1:], lagged.choices[1:]):
+        remaining = 40 - sum(o.emitted for o in [*itertools.chain(*(r.outcomes for r in records[:records.index(record)]))]) - 1
+        assert [o.k for o in record.outcomes] == [min(before[0], max(remaining - 1, 0))]
+        assert record.drafting[0] <= chosen[0]
+    assert {tuple(r.drafting) for r in records[1:-2]} == {(1,), (2,), (3,)}  # the choices, as drafted
+    assert all(r.lag == 0 and not r.drafting for r in direct.records)
+    assert [o.k for o in direct.records[0].outcomes] == [1]

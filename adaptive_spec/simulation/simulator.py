@@ -27,19 +27,26 @@ Loop (mirrors `SpecEngine.step`):
      records (k_i, accepted);
   5. the policy observes the StepRecord; finished requests leave.
 
-`host="vllm"` imitates the vLLM plug-in instead (`integrations/vllm`), which stops drafts inside the
-step like our engine, by default only in steps of one request (`VLLM_STOP_MAX_BATCH`; a vLLM
-profile times whole steps, so a draft forward whose draft was dropped is charged as the whole step
-increment of one more draft: an overcharge by the verify's share of it); in larger batches each
-row drafts its k;
-a lazy draft that skips rows at k = 0 and, before a row's next step that drafts, catches up over
-every token it missed (the prompt, for a row that never drafted), at the profile's
-`catch_up_seconds`, reported per row as `RequestView.draft_behind`; a ragged step (rows drafting
-different k) costs `CostModel.ragged_step_seconds`. As in the plug-in, a catching-up step is not
-timed for the policy's cost model (one of at least `step_timing.MIN_TIMED_CATCH_UP` tokens teaches
-its catch-up price instead: the step's time beyond the model's price of it), nor a ragged step no
-profile cell stands for (`step_timing.cell_equivalent`); one where a few rows sit at k = 0 is
-scaled to its cell.
+`host="vllm"` imitates the vLLM plug-in instead (`integrations/vllm`), with vLLM's one-step lag: the
+drafts a row proposes in step t are verified in step t + 1, so each step verifies the lengths
+chosen one step before (clamped to what the row still needs) while the draft proposes the lengths
+chosen now; the first step verifies nothing and each row's history records the lag. A step with
+both sides costs the mean of the two sides' ragged prices (`step_timing.mixed_step_seconds`: the
+draft forwards follow this step's lengths, the verify the last step's); a ragged step (rows at
+different k) costs `CostModel.ragged_step_seconds`. The plug-in stops drafts inside the step, by
+default only in steps of one request (`VLLM_STOP_MAX_BATCH`; a vLLM profile times whole steps, so
+a draft forward whose draft was dropped is charged as the increment of one more drafted position);
+in larger batches each row drafts its k. A lazy draft skips rows at k = 0 and, before a row's next
+step that drafts, catches up over every token it missed (the prompt, for a row that never drafted),
+at the profile's `catch_up_seconds`, reported per row as `RequestView.draft_behind`.
+
+What the policy's cost model is told mirrors `integrations.vllm.controller.finish_step`: a
+catching-up step is not a step cost (one of at least `step_timing.MIN_TIMED_CATCH_UP` tokens
+teaches its catch-up price instead: the step's time beyond the model's price of it). A cost model
+that fits any step (the shared one, `fits_any_step`) learns every other step as it ran, lag,
+raggedness and dropped drafts included; the per-cell one learns a step only where a profile cell
+stands for it (`step_timing.cell_equivalent`, scaled to the cell) and no dropped draft ran. The
+ceilings run without the lag (their schedules are per step, as in our engine).
 
 Requests: the trace requests are cycled to reach `num_requests` (simulated request i replays trace
 request i mod R with its own uniforms). Reports tokens/s (emitted tokens / simulated seconds),
@@ -74,7 +81,8 @@ import numpy as np
 
 from ..control.cost_model import CostModel
 from ..control.online_cost import cost_model_for
-from ..control.step_timing import MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent
+from ..control.step_timing import (MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent, fits_any_step,
+                                   mixed_step_seconds, whole_step_record)
 from ..control.policy import (AcceptanceHistory, PolicyBase, RequestOutcome, RequestView, StepRecord, StopRule,
                               adopt_stop_rule, choose_ks, mean_acceptance_length, run_stop_rule)
 from ..control.registry import make_policy
@@ -109,6 +117,7 @@ class _Sim:
     t: int = 0
     history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
     draft_seen: int = 0  # host "vllm": context tokens its lazy draft has run over
+    pending: int = 0  # host "vllm": drafts proposed last step, verified in the next
     seconds: float = 0.0  # its share of the steps it was in, and its prefill
     latency: float = 0.0
     ks: list[int] = field(default_factory=list)  # per step, with per_request
@@ -162,6 +171,55 @@ def _stop_inside(rule: StopRule, running: list[_Sim], ks: list[int]) -> tuple[li
         return float(sim.trace.draft_confidence[j]) if j < sim.trace.length else None
 
     return run_stop_rule(rule, ks, confidence)
+
+
+def _step_seconds(clock: _Clock, b: int, context: int, verified: list[int], drafting: list[int] | None,
+                  positions: int, ragged: bool) -> tuple[float, float, float]:
+    """(draft, verify, total) seconds of a step. Our engine (`ragged` False): the (b, max verified)
+    cell after a draft loop of `positions` forwards. The vLLM plug-in: its tokens' cost, a ragged
+    step by the profile's ragged shares; with its one-step lag (`drafting`: the lengths drafted
+    for the next step) the mean of the two sides' steps (`step_timing.mixed_step_seconds`); a
+    draft dropped past the kept lengths cost its forward, priced in a whole-step profile as the
+    increment of a longer step."""
+    batch_k = max(verified)
+    draft_s, verify_s, total_s = clock.step(b, context, batch_k, positions if drafting is None else None)
+    if not ragged:
+        return draft_s, verify_s, total_s
+    drafted = list(verified if drafting is None else drafting)
+    kept = max(drafted, default=0)
+    if positions > kept and not clock.cm.has_draft:  # forwards of dropped drafts
+        drafted = [positions if k == kept else k for k in drafted]
+    if drafting is None:
+        total_s = clock.cm.ragged_step_seconds(b, context, drafted) if len(set(drafted)) > 1 else clock.step(b, context, max(drafted))[2]
+    else:
+        total_s = mixed_step_seconds(clock.cm, b, context, verified, drafted)
+    if positions > kept and clock.cm.has_draft:
+        total_s += clock.cm.draft_seconds(b, context, positions) - (clock.cm.draft_seconds(b, context, kept) if kept else 0.0)
+    return draft_s, verify_s, total_s
+
+
+def _plugin_record(cost_model: CostModel | None, b: int, contexts: tuple, outcomes: list, verified: list[int],
+                   drafting: list[int], positions: int, total_s: float, catch_up: float, behind: int,
+                   lag: int) -> StepRecord:
+    """What the vLLM plug-in tells its policy of a step (`integrations.vllm.controller.finish_step`):
+    the whole step's time, through `step_timing.whole_step_record`. A step that caught up is not a
+    step cost (one of at least `step_timing.MIN_TIMED_CATCH_UP` tokens teaches the catch-up price:
+    its time beyond the model's price of the step). For a cost model that does not fit any step, a
+    step that paid the forward of a dropped draft is untimed and a ragged one is timed only where
+    its profile cell stands for it, scaled to that cell (`step_timing.cell_equivalent`)."""
+    context = max(contexts)
+    total = total_s
+    if catch_up:
+        if behind >= MIN_TIMED_CATCH_UP and cost_model is not None:
+            cost_model.observe_catch_up(behind, total_s + catch_up - mixed_step_seconds(cost_model, b, context, verified, drafting))
+        total = 0.0
+    elif not fits_any_step(cost_model) and positions > max([*verified, *drafting]):
+        total = 0.0
+    else:
+        total *= cell_equivalent(cost_model, b, context, verified, drafting)
+    return whole_step_record(cost_model, batch_size=b, batch_k=max(verified), context_lengths=contexts,
+                             outcomes=tuple(outcomes), total_seconds=total, lag=lag,
+                             drafting=tuple(drafting) if lag else (), draft_positions=positions)
 
 
 VLLM_STOP_MAX_BATCH = STOP_MAX_BATCH  # the vLLM plug-in's default ADAPTIVE_SPEC_VLLM_STOP_DRAFTS
@@ -264,7 +322,7 @@ def simulate(
         policy_obj = ConfidenceOraclePolicy({s.rid: (s.trace.prompt_length, s.trace.accept_prob) for s in sims},
                                             lambda b, c, k: clock.step(b, c, k)[2])
     report = _loop(sims, clock, policy_obj, batch_size, rate, seed, max_k, lazy_draft=host == "vllm",
-                   per_request=per_request, step_hook=step_hook)
+                   per_request=per_request, step_hook=step_hook, lag=host == "vllm" and ceiling is None)
     if log is not None:
         report["price_error"] = log.report(change_at=clock_change.step if clock_change is not None else None)
     if clock_change is not None:
@@ -280,7 +338,7 @@ def simulate(
 
 
 def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float | None, seed: int,
-          max_k: int, lazy_draft: bool = False, per_request: bool = False, step_hook=None) -> dict:
+          max_k: int, lazy_draft: bool = False, per_request: bool = False, step_hook=None, lag: bool = False) -> dict:
     if rate is not None:
         gaps = np.random.default_rng([int(seed), 2**31 - 1]).exponential(1.0 / rate, len(sims))
         for sim, arrival in zip(sims, np.cumsum(gaps)):
@@ -328,32 +386,24 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         if lazy_draft and isinstance(policy, PolicyBase):
             policy.host_stops_drafts = stopping
         ks = choose_ks(policy, views)
-        positions = max(ks)
-        if stopping and positions:
-            ks, positions = _stop_inside(stop_rule, running, ks)
-        batch_k = max(ks)
         b = len(running)
         contexts = tuple(v.context_length for v in views)
-        draft_s, verify_s, total_s = clock.step(b, max(contexts), batch_k, positions)
-        ragged = lazy_draft and len(set(ks)) > 1
-        if ragged:  # vLLM: the step follows its drafted tokens (a profile's `ragged` shares)
-            total_s = clock.cm.ragged_step_seconds(b, max(contexts), ks)
-        if lazy_draft and positions > batch_k and not clock.cm.has_draft:  # forwards of dropped drafts
-            kept = total_s if ragged else clock.step(b, max(contexts), batch_k)[2]
-            total_s = kept + clock.step(b, max(contexts), positions)[2] - clock.step(b, max(contexts), batch_k)[2]
-        behind = sum(v.draft_behind for v, k in zip(views, ks) if k)  # a lazy draft catches up first
-        catch_up = clock.cm.catch_up_seconds(behind) if behind else 0.0
-        catch_up_seconds += catch_up
+        context = max(contexts)
+        if lag:  # this step verifies the drafts chosen a step ago and drafts what was chosen now
+            verified = [min(sim.pending, max(0, min(max_k, sim.trace.length - sim.t - 1))) for sim in running]
+        else:
+            positions = max(ks)
+            if stopping and positions:
+                ks, positions = _stop_inside(stop_rule, running, ks)
+            verified = ks
         # 3. replay
         outcomes = []
         finished = []
-        for row, (sim, k) in enumerate(zip(running, ks)):
+        for row, (sim, k) in enumerate(zip(running, verified)):
             n = sim.trace.length
             k_eff, acc, emitted = replay.step(sim.run, sim.t, k, n)
             sim.history.record(k_eff, acc)
             sim.t += emitted
-            if k:  # the draft ran over this row's context (the new tokens it reads as it drafts next)
-                sim.draft_seen = sim.trace.prompt_length + sim.t
             outcomes.append(RequestOutcome(sim.rid, k_eff, acc, emitted))
             if per_request:
                 sim.ks.append(k_eff)
@@ -364,32 +414,37 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             k_hist[k_eff] += 1
             if sim.t >= n:
                 finished.append(row)
+        if lag:  # the new drafts start where this step left each row (a finished row drafts none)
+            ks = [max(0, min(k, sim.trace.length - sim.t - 1)) for sim, k in zip(running, ks)]
+            positions = max(ks)
+            if stopping and positions:
+                ks, positions = _stop_inside(stop_rule, running, ks)
+            for sim, k in zip(running, ks):
+                sim.pending = k
+        drafting = ks if lag else verified
+        for sim, k in zip(running, drafting):
+            if k and lazy_draft:  # the draft ran over this row's context (the new tokens it reads as it drafts next)
+                sim.draft_seen = sim.trace.prompt_length + sim.t
+        batch_k = max(verified)
+        draft_s, verify_s, total_s = _step_seconds(clock, b, context, verified, drafting if lag else None,
+                                                   positions, ragged=lazy_draft)
+        behind = sum(v.draft_behind for v, k in zip(views, drafting) if k)  # a lazy draft catches up first
+        catch_up = clock.cm.catch_up_seconds(behind) if behind else 0.0
+        catch_up_seconds += catch_up
         request_steps += b
         steps += 1
         batch_k_hist[batch_k] += 1
         now += total_s + catch_up
         for sim in running:
             sim.seconds += (total_s + catch_up) / b
-        # As vLLM's plug-in does, a step that caught up is not a step cost (catch-up is priced apart),
-        # nor one that paid the forward of a draft dropped past K (no cell holds it), and a ragged
-        # step is timed only where its profile cell stands for it, scaled to that cell by what the
-        # policy's own cost model knows (`step_timing.cell_equivalent`).
-        if catch_up or (lazy_draft and positions > batch_k):
-            timed = 0.0
-            if catch_up and behind >= MIN_TIMED_CATCH_UP and host_costs is not None:
-                # as the plug-in does: what the step took beyond the model's price of it teaches the
-                # catch-up price (`CostModel.catch_up_seconds`, which goodput charges a probe)
-                host_costs.observe_catch_up(behind, total_s + catch_up - host_costs.step_seconds(b, max(contexts), batch_k))
-        elif ragged:
-            timed = cell_equivalent(host_costs, b, max(contexts), ks, ks)
-            if timed:  # the parts in the cell's proportions
-                cell_s = clock.step(b, max(contexts), batch_k)[2]
-                draft_s, verify_s = draft_s * total_s / cell_s, verify_s * total_s / cell_s
+        if lazy_draft:
+            record = _plugin_record(host_costs, b, contexts, outcomes, verified, drafting, positions,
+                                    total_s, catch_up, behind, lag=(1 if steps > 1 else -1) if lag else 0)
         else:
-            timed = 1.0
-        observe(StepRecord(batch_size=b, batch_k=batch_k, context_lengths=contexts, outcomes=tuple(outcomes),
-                           draft_seconds=draft_s * timed, verify_seconds=verify_s * timed,
-                           total_seconds=total_s * timed, draft_positions=positions))
+            record = StepRecord(batch_size=b, batch_k=batch_k, context_lengths=contexts, outcomes=tuple(outcomes),
+                                draft_seconds=draft_s, verify_seconds=verify_s, total_seconds=total_s,
+                                draft_positions=positions)
+        observe(record)
         if step_hook is not None:  # a mid-run clock change, the policy's price errors
             step_hook(steps, b, max(contexts), sum(o.emitted for o in outcomes), total_s + catch_up)
         if finished:
