@@ -396,6 +396,46 @@ def test_a_cost_model_missing_part_of_the_protocol_is_a_clear_error():
         def step_seconds_table(self, batch, context, k_max):
             return [1.0] * (k_max + 1)
 
-    with pytest.raises(TypeError, match="lacks has_draft, draft_seconds, drafting_share, catch_up_seconds, price_spread, observe"):
+    with pytest.raises(TypeError, match="lacks has_draft, draft_seconds, drafting_share, catch_up_seconds, price_spread, "
+                       "untimed_misfit, observe"):
         GoodputPolicy(TableOnly())
     GoodputPolicy(LinearCosts())  # the base class's defaults complete it
+
+
+class UntimedCosts(LinearCosts):
+    """LinearCosts whose lengths in `untimed` no recent step timed (misfit 0.15 each)."""
+
+    def __init__(self, untimed, **costs):
+        super().__init__(**costs)
+        self.untimed = set(untimed)
+
+    def untimed_misfit(self, batch, k_max):
+        return [0.15 if k in self.untimed else 0.0 for k in range(k_max + 1)]
+
+
+def _choose_batch_k(policy, batch=4):
+    return max(policy.choose(views(batch)))
+
+
+def test_an_untimed_length_close_to_the_best_is_probed_once_it_is_worth_it():
+    """Value of information: K = 0 untimed, its goodput a few percent short of the best K > 0: the
+    expected gain over `price_probe_horizon` steps beats one step's loss, so the batch runs K = 0 and
+    the probe is counted. Negative controls: the same length timed lately (misfit 0), far short of
+    the best (a drafter worth 2x), or with probes off, is never chosen."""
+    fair = dict(draft=0.3, verify=1.0, slope=0.3)  # drafting pays a little at the prior's acceptance
+    policy = GoodputPolicy(UntimedCosts({0}, **fair))
+    assert _choose_batch_k(policy) == 0 and policy.price_probes == 1
+    short = (policy.last_goodput[max(range(len(policy.last_goodput)), key=policy.last_goodput.__getitem__)]
+             - policy.last_goodput[0]) / max(policy.last_goodput)
+    assert 0 < short < 0.15, short  # the configuration meant: K = 0 close to, not at, the best
+    for control in (GoodputPolicy(UntimedCosts(set(), **fair)),
+                    GoodputPolicy(UntimedCosts({0}, **fair), GoodputConfig(price_probe_horizon=0))):
+        assert _choose_batch_k(control) > 0 and control.price_probes == 0
+    cheap = GoodputPolicy(UntimedCosts({0}, draft=0.01, verify=1.0, slope=0.0), GoodputConfig(prior_rate=0.9))
+    assert _choose_batch_k(cheap) > 0 and cheap.price_probes == 0
+    assert max(cheap.last_goodput) > 2 * cheap.last_goodput[0]
+
+
+def test_the_per_cell_cost_model_never_asks_for_a_price_probe():
+    from adaptive_spec.control.cost_model import CostModel
+    assert CostModel.default().untimed_misfit(4, 6) == [0.0] * 7

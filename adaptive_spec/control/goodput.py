@@ -87,6 +87,13 @@ Hosts that choose the next step's draft lengths before they report this step's o
 say so in `StepRecord.lag`: each outcome is matched to the choice that drafted it (its probe, its
 confidences for the calibration), and a row whose drafts are still unverified is not probed again.
 
+Price probes (`price_probe_horizon`): a cost model that can say which lengths' prices no recent
+step timed (`untimed_misfit`: the shared model, per power-of-two batch class) may have `choose` run
+such a length for one step where the expected gain of knowing its price over the horizon beats
+what the step gives up (`_price_probe`, a value-of-information rule, never a blind epsilon).
+Under vLLM's lag a batch drafting at K = 1 never times a K = 0 step, so without it a model that
+learned only K = 1 can stay sure of a wrong K = 0 price.
+
 Flapping guard: the decision before drafting changes K only when the new best beats the current
 K's goodput by more than `hysteresis`, unless staying at the current K would need a catch-up.
 """
@@ -115,6 +122,9 @@ class GoodputConfig:
     hysteresis: float = 0.03
     exploration_z: float = 0.5
     cost_exploration_z: float = 0.3  # optimism on uncertain step prices (`_optimistic`)
+    # Steps a probe of an untimed length's price serves (`_price_probe`): the shared cost model's
+    # memory, 1 / (1 - forgetting); 0 never probes a price.
+    price_probe_horizon: int = 200
     request_decay: float = 0.9
     prior_strength: float = 2.0
     prior_rate: float = 0.6
@@ -142,6 +152,7 @@ class GoodputConfig:
             (0 <= self.hysteresis < 1, "hysteresis must be in [0, 1)"),
             (self.exploration_z >= 0, "exploration_z must be >= 0"),
             (self.cost_exploration_z >= 0, "cost_exploration_z must be >= 0"),
+            (self.price_probe_horizon >= 0, "price_probe_horizon must be >= 0"),
             (0 < self.request_decay <= 1, "request_decay must be in (0, 1]"),
             (self.prior_strength > 0, "prior_strength must be > 0"),
             (0 < self.prior_rate < 1, "prior_rate must be in (0, 1)"),
@@ -211,6 +222,7 @@ class GoodputPolicy(PolicyBase):
         self._options: tuple | None = None  # option-stopping tables of the step being drafted
         # Steps since the batch last ran probes alone, and the interval such steps wait (batch > 1).
         self._since_probe_step, self._probe_step_interval = 0, self.config.probe_interval
+        self.price_probes = 0  # choices of a batch K to time an untimed length's price (`_price_probe`)
 
     # --- decision 1: draft at all? -----------------------------------------------------------
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
@@ -246,6 +258,13 @@ class GoodputPolicy(PolicyBase):
         protected = not options[current][2] and not options[best][2]
         if protected and self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis):
             best = current
+        # a price probe times a length in one step: not one no row would draft, nor one whose rows must
+        # first catch up (that cost is paid in full for one step's evidence; acceptance probes resume them)
+        probe = self._price_probe(best, len(requests), k_max,
+                                  {k for k, (_, rows, catch_up) in enumerate(options) if k == 0 or (rows and not catch_up)})
+        if probe != best:
+            best = probe
+            self.price_probes += 1
         self._batch_k = best
         drafting = set(options[best][1])
         if drafting:
@@ -497,6 +516,33 @@ class GoodputPolicy(PolicyBase):
             return costs
         widths = self.cost_model.price_spread(batch, k_max)
         return [costs[0]] + [costs[0] + max(cost - costs[0] - z * width, 0.0) for cost, width in zip(costs[1:], widths[1:])]
+
+    def _price_probe(self, best: int, batch: int, k_max: int, allowed: set[int]) -> int:
+        """The batch K to run: `best`, or a length whose price no recent step timed when knowing it is
+        worth more than one step of it costs (value of information, not an epsilon). With relative
+        misfit s of that length's price (`untimed_misfit`) and its goodput short of the best's by a
+        share d, the expected gain per step of learning it is s phi(d/s) - d (1 - Phi(d/s)) (it turns
+        out better with that chance, by that much); the probe runs where `price_probe_horizon` steps
+        of that gain beat the d it costs once. The most valuable `allowed` length wins. Why it matters:
+        vLLM verifies a step's drafts a step later, so a batch that drafts at K = 1 never times a
+        K = 0 step, and a model that learned only K = 1 may price K = 0 far off while sure of it."""
+        horizon = self.config.price_probe_horizon
+        if not horizon:
+            return best
+        misfit = self.cost_model.untimed_misfit(batch, k_max)
+        top = self.last_goodput[best]
+        if top <= 0 or not any(misfit):
+            return best
+        worth = {}
+        for k, spread in enumerate(misfit):
+            if k == best or spread <= 0 or k not in allowed:
+                continue
+            short = max(top - self.last_goodput[k], 0.0) / top
+            ratio = short / spread
+            gain = spread * math.exp(-0.5 * ratio * ratio) / math.sqrt(2 * math.pi) - short * 0.5 * math.erfc(ratio / math.sqrt(2))
+            if horizon * gain > short:
+                worth[k] = horizon * gain - short
+        return max(worth, key=worth.get) if worth else best
 
     def _catch_up_rate(self, requests: Sequence[RequestView]) -> float:
         """Seconds per context token a lazy draft missed (0 when no row is behind or nothing prices it)."""
