@@ -309,6 +309,7 @@ def test_profile_show_prints_a_learned_state_against_its_shape(tmp_path, capsys)
         shown = json.loads(out.strip().splitlines()[-1])
         assert shown["learned_steps"] == 40 and shown["learned_parameters"]["d_base"] == pytest.approx(model.theta[5])
         assert "learned   40 steps online" in out and ("profile " in out.split("step ms")[1]) == (prior is not None)
+        assert "uncertain by +-" in out
 
 
 def test_price_spread_is_zero_at_k0_and_shrinks_where_steps_were_timed():
@@ -354,3 +355,85 @@ def test_the_simulated_vllm_host_teaches_the_catch_up_price_as_the_plug_in_does(
     simulate(load_traces(TRACES), VLLM, policy, batch_size=4, num_requests=24, host="vllm", clock_profile=VLLM)
     clock = CostModel.from_profile(VLLM).catch_up_seconds(100)
     assert clock > 0 and costs.catch_up_seconds(100) == pytest.approx(clock, rel=0.1)
+
+
+RAGGED = {4: (np.array([1.0, 4.0]), np.array([0.4, 0.5]))}  # one drafting row's share of the batch's increment
+
+
+def _mixed_record(truth: CostModel, b: int, c: int, verified, drafting, positions=0) -> StepRecord:
+    """A whole step (vLLM) that verified `verified` and drafts `drafting`, timed at `truth`'s price."""
+    from adaptive_spec.control.policy import RequestOutcome
+    from adaptive_spec.control.step_timing import mixed_step_seconds
+    seconds = mixed_step_seconds(truth, b, c, verified, drafting)
+    outcomes = tuple(RequestOutcome(f"r{i}", k, 0, 1) for i, k in enumerate(verified))
+    return StepRecord(b, max(verified), (c,) * b, outcomes, 0.0, 0.0, seconds,
+                      draft_positions=positions or max(drafting), lag=1, drafting=tuple(drafting))
+
+
+def test_the_shared_model_prices_a_lag_mismatched_ragged_step_as_the_hosts_do():
+    """The features of a step that verified one set of lengths and drafts another (vLLM's one-step
+    lag, ragged rows) give, at the prior, exactly the price the plug-in and the simulator charge
+    (`step_timing.mixed_step_seconds`, with the profile's ragged shares), so such a step is fitted,
+    not set aside."""
+    from adaptive_spec.control.step_timing import mixed_step_seconds
+    model = SharedCostModel.from_profile(VLLM)
+    model.ragged_shares = RAGGED  # what `profile --engine vllm` measures on a lazy draft
+    for verified, drafting in (([3, 0, 2, 1], [1, 2, 0, 3]), ([2, 2, 2, 2], [0, 0, 0, 0]), ([0], [4])):
+        b = len(verified)
+        record = _mixed_record(model, b, 300, verified, drafting)
+        predicted = float(model._step_features(b, 300.0, record, max(drafting)).sum(axis=0) @ model.theta)
+        assert predicted == pytest.approx(mixed_step_seconds(model, b, 300, verified, drafting), rel=1e-9)
+
+
+def test_only_lag_mismatched_ragged_steps_teach_the_uniform_prices():
+    """True costs: the vLLM profile with verify cost per token x1.3. The model sees only steps whose
+    verified and drafted lengths differ, rows ragged (none a (batch, K) cell stands for, which the
+    per-cell correction leaves untimed) and still learns the uniform steps' prices at batch 4.
+    Negative control: the prior's error on the same prices is several times larger."""
+    truth = CostModel.from_profile(scaled_profile(VLLM, verify_per_token=1.3))
+    model = SharedCostModel.from_profile(VLLM)
+    truth.ragged_shares = model.ragged_shares = RAGGED
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        verified, drafting = (rng.integers(0, 5, size=4).tolist() for _ in range(2))
+        if verified == drafting or max(verified) == 0 or max(drafting) == 0:
+            continue
+        model.observe(_mixed_record(truth, 4, int(rng.integers(200, 600)), verified, drafting))
+    assert model.observations > 250
+    true = relative_prices(truth, 4, 400, 4)
+    learned_error = np.abs(relative_prices(model, 4, 400, 4) / true - 1).max()
+    prior_error = np.abs(relative_prices(CostModel.from_profile(VLLM), 4, 400, 4) / true - 1).max()
+    assert prior_error > 0.05 and learned_error < prior_error / 4, (learned_error, prior_error)
+
+
+def test_an_untimed_step_neither_counts_nor_fades_what_was_learned():
+    """A record with no time (a prefill, a catch-up) is not a learned step: observations stay, and
+    the information is not faded by forgetting."""
+    model = SharedCostModel.from_profile(HF)
+    truth = CostModel.from_profile(HF)
+    for k in range(5):
+        model.observe(step(truth, 1, 300, k))
+    information = model._info.copy()
+    model.observe(StepRecord(1, 2, (300,), (), 0.0, 0.0, 0.0))
+    assert model.observations == 5 and np.array_equal(model._info, information)
+
+
+def test_a_price_probe_unlocks_a_length_the_lagged_vllm_host_never_timed():
+    """Batch 16 through the simulated vLLM host, the machine's profile against the controller's prior
+    from another machine: the first steps teach only K = 1, K = 0's price stays the prior's, and
+    without a probe the policy locks at K = 1 (measured 0.73x informed, bar < 0.8x); priced probes of
+    the untimed length bring it within 5% of the informed controller (measured 0.97x). Deterministic
+    (fixed seed and traces), so no false-failure probability."""
+    from adaptive_spec.control.goodput import GoodputConfig, GoodputPolicy
+
+    traces = load_traces(TRACES)
+    run = dict(batch_size=16, num_requests=320, host="vllm", clock_profile=VLLM)
+    informed = simulate(traces, VLLM, "goodput", cost_model="shared", **run)["tokens_per_s"]
+    xeon = json.loads((ROOT / "profiles/cpu-2core-xeon-vllm-qwen-coder-fp32.json").read_text())
+    rates = {}
+    for horizon in (200, 0):
+        policy = GoodputPolicy(cost_model_for(xeon, "shared", whole_step=True), GoodputConfig(price_probe_horizon=horizon))
+        rates[horizon] = simulate(traces, VLLM, policy, **run)["tokens_per_s"]
+        assert (policy.price_probes > 0) == (horizon > 0)
+    assert rates[200] >= 0.95 * informed
+    assert rates[0] < 0.8 * informed  # the negative control: no probe, the untimed length stays mispriced

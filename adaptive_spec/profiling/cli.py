@@ -324,7 +324,9 @@ def _print_learned(profile: dict, learned, measured=None) -> None:
         now = [f"{1e3 * t:.0f}" for t in learned.step_seconds_table(int(batch), context, 6)]
         shape = "" if measured is None else ", profile " + "/".join(
             f"{1e3 * t:.0f}" for t in measured.step_seconds_table(int(batch), context, 6))
-        print(f"step ms   batch {int(batch)} context {int(context)}, K = 0..6: learned {'/'.join(now)}{shape}")
+        spread = "/".join(f"{1e3 * t:.0f}" for t in learned.price_spread(int(batch), 6)[1:])
+        print(f"step ms   batch {int(batch)} context {int(context)}, K = 0..6: learned {'/'.join(now)}{shape}; "
+              f"uncertain by +-{spread} (1 sd above K = 0, K = 1..6)")
 
 
 def _learned_summary(learned) -> dict:
