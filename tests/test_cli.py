@@ -329,6 +329,32 @@ def test_profile_auto_prefers_this_machine_then_a_learned_state(tmp_path, monkey
     assert common.find_profile(loaded).name == "a-other.json"  # another machine's is still better than none
 
 
+def test_profile_auto_through_vllm_follows_the_same_rule(tmp_path):
+    """`serve` and `bench --engine vllm` with `--profile auto`: a vLLM profile of this machine for these
+    models beats another machine's that sorts first, a learned state of this machine beats both, our
+    engine's profiles are never taken, and with none for these models auto finds none."""
+    from adaptive_spec.cli.common import PROFILES_DIR
+    from adaptive_spec.integrations.vllm.engine import EngineSpec
+    from adaptive_spec.integrations.vllm.profile import find_vllm_profile, start_line
+    from adaptive_spec.profiling.profile_file import MACHINE_KEYS, machine_fingerprint
+
+    profile = json.loads((PROFILES_DIR / "cpu-2core-vllm-qwen-coder-fp32.json").read_text())
+    here = machine_fingerprint("cpu")
+    mine = {**profile, "fingerprint": {**profile["fingerprint"], **{k: here[k] for k in MACHINE_KEYS}}}
+    other = {**profile, "fingerprint": {**mine["fingerprint"], "device_name": "another CPU"}}
+    (tmp_path / "0-hf.json").write_text((PROFILES_DIR / "cpu-2core-qwen-coder-fp32.json").read_text())
+    (tmp_path / "a-other.json").write_text(json.dumps(other))
+    spec = EngineSpec.for_pair("qwen-coder")
+    assert find_vllm_profile(spec, tmp_path).name == "a-other.json"  # another machine's beats none
+    (tmp_path / "b-mine.json").write_text(json.dumps(mine))
+    assert find_vllm_profile(spec, tmp_path).name == "b-mine.json"
+    (tmp_path / "c-learned.json").write_text(json.dumps({**mine, "learned": {"shape": "profile", "state": {}}}))
+    assert find_vllm_profile(spec, tmp_path).name == "c-learned.json"
+    assert find_vllm_profile(EngineSpec("smollm2-135m-instruct", "ngram"), tmp_path) is None
+    assert start_line("auto", None).startswith("[no vLLM profile for these models")
+    assert start_line("auto", str(tmp_path / "b-mine.json")) == f"[latency profile: {tmp_path / 'b-mine.json'}]"
+
+
 def test_generate_saves_what_goodput_learned_and_the_next_run_resumes_it(tiny_model_dirs, tmp_path, capsys):
     target, draft, _ = tiny_model_dirs
     learned = tmp_path / "learned.json"

@@ -194,37 +194,20 @@ def save_learned(args, factory, loaded: LoadedPair) -> Path | None:
 
 
 def find_profile(loaded: LoadedPair) -> Path | None:
-    """The profile in profiles/ whose fingerprint names these target and draft models, preferring
-    one of this machine (device, its name, torch version, threads), then one measured with the same
-    precisions and Linear kernels (an int8 draft costs about half an fp32 one; oneDNN's float32
-    matmul about half of torch's default on a multi-token verify), then a learned state over a
-    measured profile (it holds that profile and what runs taught since)."""
-    from ..profiling.profile_file import (fingerprint_differences, fingerprint_value, is_learned, model_fingerprint,
-                                          profile_engine, running_fingerprint)
+    """`--profile auto` for our engine (`profile_file.best_profile`): a profile of this machine for
+    these models first, then one measured with the same precisions and Linear kernels (an int8
+    draft costs about half an fp32 one; oneDNN's float32 matmul about half of torch's default on a
+    multi-token verify), then a learned state over a measured profile."""
+    from ..profiling.profile_file import best_profile, fingerprint_value, model_fingerprint, running_fingerprint
 
-    def how(fingerprint):
-        return fingerprint_value(fingerprint or {}, "dtype"), fingerprint_value(fingerprint or {}, "linear_kernel")
+    def how(model) -> dict:
+        if model is None:
+            return {}
+        fingerprint = model_fingerprint(model)
+        return {key: fingerprint_value(fingerprint, key) for key in ("dtype", "linear_kernel")}
 
-    wanted = [how(model_fingerprint(m)) if m is not None else None for m in (loaded.target, loaded.draft_model)]
-    here = running_fingerprint(None, loaded.target)
-    matches = []
-    for path in sorted(PROFILES_DIR.glob("*.json")):
-        if path.name.endswith(".acceptance.json"):
-            continue
-        try:
-            profile = json.loads(path.read_text())
-            fingerprint = profile.get("fingerprint", {})
-        except (OSError, ValueError, AttributeError):
-            continue
-        if profile_engine(profile) != "hf":  # whole vLLM steps are not this engine's costs
-            continue
-        models = fingerprint.get("models", {})
-        target, draft = models.get("target") or {}, models.get("draft") or {}
-        if target.get("name") == loaded.target_name and draft.get("name") == loaded.draft_name:
-            found = [how(target), how(draft)]
-            other_machine = bool(fingerprint_differences(profile, here, machine_only=True))
-            matches.append((other_machine, sum(a != b for a, b in zip(found, wanted)), not is_learned(profile), path))
-    return min(matches)[-1] if matches else None
+    return best_profile(PROFILES_DIR, "hf", loaded.target_name, loaded.draft_name,
+                        running_fingerprint(None, loaded.target), (how(loaded.target), how(loaded.draft_model)))
 
 
 def load_models(args) -> LoadedPair:

@@ -4,12 +4,14 @@ the speculation-length plug-in (see `adaptive_spec.integrations.vllm.serve`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
 from ..control.online_cost import COST_MODELS
 from ..integrations.vllm.controller import ControllerSettings
 from ..integrations.vllm.engine import EngineSpec
+from ..integrations.vllm.profile import find_vllm_profile, start_line
 from ..integrations.vllm.serve import run_serve
 
 
@@ -21,8 +23,9 @@ def add_serve_command(subparsers) -> None:
     parser.add_argument("--target", default=None, help="target model name or directory (instead of --pair)")
     parser.add_argument("--draft", default=None, help="draft model name or directory, 'ngram', or 'none'")
     parser.add_argument("--policy", default="goodput", help="the plug-in's policy (any name `generate` takes)")
-    parser.add_argument("--profile", default="none",
-                        help="a latency profile JSON file or a learned state, or 'none' (learn online)")
+    parser.add_argument("--profile", default="auto",
+                        help="a latency profile JSON file or a learned state, 'auto' (the best vLLM profile in "
+                             "profiles/ for these models: one of this machine first) or 'none' (learn online)")
     parser.add_argument("--cost-model", choices=COST_MODELS, default=None,
                         help="the policy's online cost correction: cells (per (batch, K) cell) or shared (parameters "
                              "shared by every cell); default cells, shared with --save-learned or a learned --profile")
@@ -45,16 +48,21 @@ def add_serve_command(subparsers) -> None:
 
 def run_serve_command(args) -> int:
     save = os.path.abspath(args.save_learned) if args.save_learned else None  # the server may run elsewhere
-    settings = ControllerSettings(args.policy, None if args.profile == "none" else args.profile, args.cost_model, save)
-    options = dict(max_k=args.max_k, settings=settings, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-                   threads=args.threads)
+    options = dict(max_k=args.max_k, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib, threads=args.threads)
     if args.target:
-        drafter = None if args.draft in (None, "none") else args.draft
-        spec = EngineSpec(args.target, drafter, **options)
+        spec = EngineSpec(args.target, None if args.draft in (None, "none") else args.draft, **options)
     else:
         spec = EngineSpec.for_pair(args.pair or "qwen-coder", **options)
         if args.draft:
             spec = EngineSpec(spec.target, None if args.draft == "none" else args.draft, **options)
+    profile = args.profile if args.profile not in ("auto", "none") else None
+    if args.profile == "auto":
+        found = find_vllm_profile(spec)
+        profile = str(found) if found is not None else None
+    if args.policy != "off":
+        print(start_line(args.profile, profile), file=sys.stderr)
+    settings = ControllerSettings(args.policy, profile, args.cost_model, save)
+    spec = dataclasses.replace(spec, settings=settings)
     if args.policy != "off" and not args.dry_run:
         _, cost_model = settings.build()  # a bad policy or profile fails here, before vLLM spends a minute starting
         if save and cost_model is None:

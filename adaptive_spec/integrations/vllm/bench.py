@@ -58,6 +58,7 @@ from ...results.comparisons import compare, format_intervals, rotated
 from ...results.result_file import result_document, save_result
 from .controller import ControllerSettings, LearnedStateSaver, SpecController
 from .engine import EngineSpec, make_llm
+from .profile import find_vllm_profile, start_line
 
 VLLM_TABLE = [(1, 1, 4), (2, 3, 3), (4, 7, 2), (8, 8, 1), (9, 1024, 0)]
 DEFAULT_CONFIGS = "vllm-off,vllm-static:3,vllm-static:5,vllm-table,goodput"
@@ -96,6 +97,12 @@ def run_vllm_bench(args, prompts) -> int:
 
         return run_client_bench(args, prompts)
     configs = [c.strip() for c in args.policies.split(",") if c.strip()]
+    pair = args.pair or ("qwen-coder" if not args.target else None)
+    base = EngineSpec.for_pair(pair) if pair else EngineSpec(args.target, args.draft)
+    if args.draft:
+        base = EngineSpec(base.target, None if args.draft == "none" else args.draft)
+    found = find_vllm_profile(EngineSpec(base.target, base.drafter, dtype=args.dtype, threads=args.threads))
+    args.auto_profile = str(found) if found is not None else None
     if _profile_path(args):
         load_profile(_profile_path(args))  # a missing or corrupt profile fails before any model loads
     for config in configs:  # an unknown policy, or a lane's missing or corrupt start, too
@@ -105,10 +112,8 @@ def run_vllm_bench(args, prompts) -> int:
         if start.strip() not in ("", "none", "auto"):
             load_profile(start.strip())
     temperatures = [float(t) for t in args.temperatures.split(",")]
-    pair = args.pair or ("qwen-coder" if not args.target else None)
-    base = EngineSpec.for_pair(pair) if pair else EngineSpec(args.target, args.draft)
-    if args.draft:
-        base = EngineSpec(base.target, None if args.draft == "none" else args.draft)
+    if any(not c.startswith("vllm-") for c in configs):
+        print(start_line(args.profile, _profile_path(args)), file=sys.stderr)
     speculative = [c for c in configs if c != "vllm-off"]
     goodput = any(c.partition("@")[0] == "goodput" for c in configs)
     max_k = args.max_k or max([_static_k(c) for c in speculative] + [4, 5 if goodput else 0])
@@ -256,12 +261,13 @@ def _controller(config: str, profile: str | None = None, cost_model: str | None 
 
 
 def _lane_profile(config: str, args) -> str | None:
-    """`POLICY@START`: this lane's cost model starts from START (a profile or learned state; `none`
-    or `auto`: generic), so one run compares starts on the same prompts; else --profile's."""
+    """`POLICY@START`: this lane's cost model starts from START (a profile or learned state, `auto`
+    as --profile auto finds one, `none`: generic), so one run compares starts on the same prompts;
+    else --profile's."""
     start = config.partition("@")[2].strip()
     if not start:
         return _profile_path(args)
-    return None if start in ("none", "auto") else start
+    return _resolve(start, args)
 
 
 def _save_learned(args, controllers: list[SpecController]) -> None:
@@ -403,10 +409,17 @@ def _print_table(rows) -> None:
             line("", f"  {workload}", figures["tokens"], figures["tokens_per_request_s"], figures)
 
 
+def _resolve(profile: str, args) -> str | None:
+    if profile == "none":
+        return None
+    return getattr(args, "auto_profile", None) if profile == "auto" else profile
+
+
 def _profile_path(args) -> str | None:
-    """A vLLM profile file for our policies' cost model (its acceptance state beside it, if any, warm-
-    starts goodput); 'auto' and 'none' mean learn costs online: a vLLM profile is passed by path."""
-    return None if args.profile in ("auto", "none") else args.profile
+    """--profile as a vLLM profile file for our policies' cost model (its acceptance state beside
+    it, if any, warm-starts goodput): 'auto' the one `find_vllm_profile` picked, 'none' learn costs
+    online from the generic start."""
+    return _resolve(args.profile, args)
 
 
 def _static_k(config: str) -> int:

@@ -161,6 +161,9 @@ class LearnedStateSaver:
             return False
         device = ((self.prior or {}).get("fingerprint") or {}).get("device") or "cpu"
         fingerprint = {**machine_fingerprint(device), "engine": "vllm"}
+        models = ((self.prior or {}).get("fingerprint") or {}).get("models")
+        if models:  # the prior's model names: what `--profile auto` matches a state by
+            fingerprint["models"] = models
         try:
             save_profile(learned_profile(self.model, self.prior, fingerprint, whole_step=True), self.path)
         except (OSError, ProfileError) as error:

@@ -32,6 +32,7 @@ import json
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +47,30 @@ FULL_GRID = {"batch_sizes": (1, 2, 4, 8), "contexts": (128, 512, 1024), "ks": (0
 CATCH_UP_CELLS = ((1, 256), (4, 256))  # (batch, prompt tokens)
 CATCH_UP_OFF_STEPS, CATCH_UP_ROUNDS = 8, 2
 RAGGED_BATCH_SIZES, RAGGED_KS, RAGGED_CONTEXT, RAGGED_ROUNDS, RAGGED_STEPS = (4, 8), (1, 3, 5), 256, 2, 16
+
+
+def find_vllm_profile(spec: EngineSpec, directory=None) -> Path | None:
+    """`--profile auto` through vLLM (`profile_file.best_profile`, the rule our engine's `auto` uses):
+    a vLLM profile or learned state in profiles/ for these target and draft names, this machine's
+    (device, CPU, torch, threads as the engine runs them) first, then one of the same precision."""
+    from ...profiling.profile_file import best_profile
+    from ...resources import data_dir
+
+    here = machine_fingerprint("cpu")
+    here["threads"] = spec.threads or here["threads"]  # as `profile_vllm` records them
+    wanted = ({"dtype": spec.dtype}, {"dtype": spec.dtype})
+    return best_profile(directory or data_dir("profiles"), "vllm", spec.target, spec.drafter, here, wanted)
+
+
+def start_line(requested: str, path: str | None) -> str:
+    """What a command prints of its cost model's start: the profile or learned state it loads, or why
+    none (`requested`: what --profile said)."""
+    if path is None:
+        why = "no vLLM profile for these models in profiles/" if requested == "auto" else "--profile none"
+        return f"[{why}: goodput learns step costs online from the generic start]"
+    from ...profiling.profile_file import is_learned, load_profile
+
+    return f"[{'learned cost state' if is_learned(load_profile(path)) else 'latency profile'}: {path}]"
 
 
 class _StepTimes:
