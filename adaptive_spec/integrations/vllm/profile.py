@@ -222,7 +222,7 @@ class _CatchUps:
     def step_seconds(self, *args) -> float:
         return 0.0
 
-    draft_seconds = target_seconds = overhead_seconds = step_seconds
+    draft_seconds = target_seconds = overhead_seconds = ragged_step_seconds = step_seconds
 
 
 def measure_catch_up(llm, progress=sys.stderr, cells=CATCH_UP_CELLS, off_steps=CATCH_UP_OFF_STEPS,
