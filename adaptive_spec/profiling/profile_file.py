@@ -439,7 +439,13 @@ def best_profile(directory: str | os.PathLike, engine: str, target: str, draft: 
         misses = sum(fingerprint_value(model, key) != value
                      for model, want in zip(found, wanted or ({}, {})) for key, value in want.items())
         matches.append((other_machine, misses, not is_learned(profile), path))
-    return min(matches)[-1] if matches else None
+    if not matches:
+        return None
+    found = min(matches)[-1]
+    try:  # as the user would name it (profiles/NAME.json from the checkout), not where it lies
+        return found.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return found
 
 
 def is_learned(profile: Mapping[str, Any]) -> bool:
