@@ -396,3 +396,10 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     errors = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141, errors
     assert "Traceback" not in errors
+
+
+def test_save_steps_outside_the_vllm_plug_in_is_a_clear_error(capsys):
+    """bench --save-steps logs the vLLM scheduler plug-in's steps; asked of our engine it refuses before
+    any model loads rather than write nothing."""
+    assert main(["bench", "--prompt", PROMPT, "--policies", "static:1", "--save-steps", "steps.jsonl"]) == 2
+    assert "--save-steps logs the steps of the vLLM scheduler plug-in" in capsys.readouterr().err

@@ -162,6 +162,8 @@ def run_bench(args) -> int:
             args.policies = VLLM_DEFAULT_CONFIGS
         prompts = [p for _, p in labelled]
         return run_vllm_bench(args, prompts if mix else _interleave_sources(prompts))
+    if args.save_steps:
+        raise ValueError("--save-steps logs the steps of the vLLM scheduler plug-in (--engine vllm)")
     cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads
     for start in {p.partition("@")[2].strip() for p in args.policies.split(",")} - {"", "none", "auto"}:
         load_profile(start)  # a missing or corrupt POLICY@FILE fails now, too

@@ -497,3 +497,49 @@ def test_bench_lanes_start_their_cost_models_from_their_own_profiles():
     assert not from_file.cost_model.is_default and generic.cost_model.is_default
     assert bench.learned_summary(generic.cost_model) == {"kind": "shared", "observations": 0, "outliers": 0, "shifts": 0}
     assert bench.learned_summary(bench._controller("vllm-static:3").cost_model) is None
+
+
+def test_the_step_log_keeps_each_steps_lengths_times_and_the_price_before_learning():
+    """bench --save-steps: one entry per step with what it verified and drafts, its wall time, what the
+    cost model was handed, its prediction before it learned the step, and the loop's time between steps."""
+    ticks = iter([0.0, 0.5, 0.6, 1.0, 1.25, 2.0])
+    model = CostModel.default()
+    policy = RecordingPolicy(2)
+    controller = SpecController(policy, model, clock=lambda: next(ticks))
+    controller.step_log = []
+    controller.choose(running(4))
+    controller.start_step()  # 0.0
+    controller.finish_step([VerifiedRequest("r0", 0, 0, 1, 100)], prefill_tokens=99)  # 0.5: a prefill
+    expected = model.ragged_step_seconds(1, 101, [2])  # verified 2, drafts 2: the K = 2 step
+    controller.choose(running(4))
+    controller.start_step()  # 0.6
+    controller.finish_step([VerifiedRequest("r0", 2, 1, 2, 101)])  # 1.0
+    controller.choose(running(4))
+    controller.start_step()  # 1.25
+    controller.finish_step([VerifiedRequest("r0", 2, 2, 3, 103)], timed=False)  # 2.0
+    prefill, decode, untimed = controller.step_log
+    assert prefill["prefill_tokens"] == 99 and prefill["predicted"] is None and prefill["learned"] == 0.0
+    assert prefill["seconds"] == pytest.approx(0.5) and prefill["between"] is None
+    assert decode["verified"] == [2] and decode["drafting"] == [2] and decode["accepted"] == [1]
+    assert decode["seconds"] == pytest.approx(0.4) and decode["learned"] == pytest.approx(0.4)
+    assert decode["predicted"] == pytest.approx(expected) and decode["between"] == pytest.approx(0.1)
+    assert untimed["seconds"] == pytest.approx(0.75) and untimed["learned"] == 0.0  # measured, not handed on
+    assert untimed["between"] == pytest.approx(0.25)
+    assert len(policy.records) == 3
+
+
+def test_steps_vllm_scheduled_log_no_drafting_lengths():
+    """A controller that only counts acceptance (vLLM's own schedule chose K) logs drafting as unknown."""
+    controller = SpecController(StaticPolicy(0))
+    controller.step_log = []
+    controller.start_step()
+    controller.finish_step([VerifiedRequest("r0", 3, 2, 3, 100)], observe=False)
+    assert controller.step_log[0]["drafting"] is None and controller.step_log[0]["predicted"] is None
+
+
+def test_a_controller_without_a_log_keeps_none():
+    controller = SpecController(StaticPolicy(1))
+    controller.choose(running(4))
+    controller.start_step()
+    controller.finish_step([VerifiedRequest("r0", 0, 0, 1, 100)])
+    assert controller.step_log is None

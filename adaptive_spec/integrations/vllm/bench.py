@@ -45,6 +45,7 @@ import platform
 import random
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,6 +85,11 @@ def add_vllm_bench_options(parser) -> None:
     group.add_argument("--threads", type=int, default=None,
                        help="compute threads (default: vLLM binds all cores; use 1 on a shared machine)")
     group.add_argument("--max-num-seqs", type=int, default=16)
+    group.add_argument("--save-steps", default=None, metavar="FILE",
+                       help="write one JSON line per engine step of every configuration run through the "
+                            "scheduler plug-in (rows' verified and drafting lengths, draft positions, "
+                            "catch-up and prefill tokens, measured and predicted seconds); "
+                            "`python -m adaptive_spec.results.steps FILE` summarises it")
     group.add_argument("--url", default=None,
                        help="drive a running OpenAI-compatible server instead (e.g. http://127.0.0.1:8000/v1); "
                             "--policies and the engine options then do not apply")
@@ -93,6 +99,8 @@ def add_vllm_bench_options(parser) -> None:
 
 def run_vllm_bench(args, prompts) -> int:
     if args.url:
+        if args.save_steps:
+            raise ValueError("--save-steps logs this process's engine steps; a server run with --url has none here")
         from .client_bench import run_client_bench
 
         return run_client_bench(args, prompts)
@@ -135,6 +143,8 @@ def run_vllm_bench(args, prompts) -> int:
     if speculative:
         llm = make_llm(EngineSpec(base.target, base.drafter, max_k=max_k, **common))
         rows += _run_configs(llm, speculative, prompt_ids, workloads, trace, temperatures, args, controllers)
+    if getattr(args, "save_steps", None):
+        _save_steps(args.save_steps, controllers)
     _add_ratios(rows)
     _print_table(rows)
     print_learned(rows)
@@ -179,6 +189,9 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
     for temperature in temperatures:
         kind = resolve_kind(getattr(args, "cost_model", None), bool(getattr(args, "save_learned", None)))
         controllers = {c: _controller(c, _lane_profile(c, args), kind) for c in configs}
+        for config, controller in controllers.items():
+            if controller is not None and getattr(args, "save_steps", None):
+                controller.step_log, controller.log_label = [], {"config": config, "temperature": temperature}
         if kept is not None:
             kept += [c for c in controllers.values() if c is not None]
         results = {c: [] for c in configs}
@@ -189,8 +202,9 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
                     turn = repeat * len(prompt_ids) + index
                     for config in rotated(configs, turn):
                         _activate(scheduler, config, controllers[config])
-                        results[config] += _passed(_run(llm, [ids], [0.0], temperature, args.max_new_tokens,
-                                                        args.seed + turn, [workloads[index]]), repeat, index)
+                        with _tagged(controllers[config], prompt=index, repeat=repeat):
+                            results[config] += _passed(_run(llm, [ids], [0.0], temperature, args.max_new_tokens,
+                                                            args.seed + turn, [workloads[index]]), repeat, index)
                     print(f"[t={temperature} pass {repeat + 1}/{repeats} prompt {index + 1}/{len(prompt_ids)} done]",
                           file=sys.stderr)
         else:
@@ -199,12 +213,35 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
             for repeat in range(repeats):
                 for config in rotated(configs, repeat):
                     _activate(scheduler, config, controllers[config])
-                    results[config] += _passed(_run(llm, requests, trace, temperature, args.max_new_tokens,
-                                                    args.seed + repeat * len(trace), labels), repeat)
+                    with _tagged(controllers[config], repeat=repeat):
+                        results[config] += _passed(_run(llm, requests, trace, temperature, args.max_new_tokens,
+                                                        args.seed + repeat * len(trace), labels), repeat)
                     print(f"[{config} t={temperature} pass {repeat + 1}/{repeats} trace done]", file=sys.stderr)
         for config in configs:
             rows.append(_summary(config, temperature, results[config], controllers[config], args.rate))
     return rows
+
+
+@contextmanager
+def _tagged(controller: SpecController | None, **tags):
+    """Tag the steps a controller logs meanwhile (--save-steps) with the prompt / pass they served."""
+    log = getattr(controller, "step_log", None)
+    start = len(log) if log is not None else 0
+    try:
+        yield
+    finally:
+        for entry in (log or [])[start:]:
+            entry.update(tags)
+
+
+def _save_steps(path: str, controllers: list[SpecController]) -> None:
+    """--save-steps: every logged step of every configuration, one JSON line each."""
+    logged = [c for c in controllers if c.step_log is not None]
+    with open(path, "w") as handle:
+        for controller in logged:
+            for entry in controller.step_log:
+                handle.write(json.dumps({**controller.log_label, **entry}) + "\n")
+    print(f"[steps: {sum(len(c.step_log) for c in logged)} of {len(logged)} configurations -> {path}]", file=sys.stderr)
 
 
 def _passed(timings: list[RequestTiming], repeat: int, index: int | None = None) -> list[RequestTiming]:

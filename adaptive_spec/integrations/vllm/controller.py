@@ -246,10 +246,17 @@ class SpecController:
         self._live: set[str] = set()
         self._positions = 0  # draft positions the rule was asked about this step
         self._unasked_steps = 0
+        # A list to keep one entry per step in (`step_entry`: bench --save-steps), or None.
+        self.step_log: list[dict] | None = None
+        self.log_label: dict = {}  # what each logged step is tagged with when saved (its configuration)
+        self._step_finished: float | None = None  # when the last logged step's time was read
+        self._between: float | None = None
 
     # --- before a step -------------------------------------------------------------------------
     def start_step(self) -> None:
         self._step_started = self.clock()
+        if self._step_finished is not None and self.step_log is not None:
+            self._between = self._step_started - self._step_finished  # the engine loop outside the step
 
     def choose(self, requests: Sequence[RunningRequest]) -> dict[str, int]:
         """k per request id for the drafts proposed in this step (0 where the policy fails)."""
@@ -328,17 +335,20 @@ class SpecController:
 
     # --- after a step --------------------------------------------------------------------------
     def finish_step(self, verified: Sequence[VerifiedRequest], timed: bool = True, observe: bool = True,
-                    catch_up_tokens: int = 0) -> StepRecord | None:
+                    catch_up_tokens: int = 0, prefill_tokens: int = 0) -> StepRecord | None:
         """Record each request's outcome and tell the policy (unless `observe` is False: another scheduler
         chose this step's k); `timed` = the step was a pure decode step, so its wall time is a step cost.
         `catch_up_tokens`: context tokens the lazy draft caught up on in this step (summed over rows).
         Such a step's time is not a step cost: what it took beyond one goes to the cost model as
-        catch-up time, when the catch-up was long enough to stand out of a step's noise."""
+        catch-up time, when the catch-up was long enough to stand out of a step's noise.
+        `prefill_tokens`: prompt tokens computed in this step (for the step log alone)."""
         started, self._step_started = self._step_started, None
         self._check_stops_were_asked()
         if not verified:
             return None
-        total = self.clock() - started if (timed and started is not None) else 0.0
+        now = self.clock()
+        wall = now - started if started is not None else 0.0
+        total = wall if timed else 0.0
         if catch_up_tokens:
             if total > 0 and catch_up_tokens >= MIN_TIMED_CATCH_UP and self.cost_model is not None:
                 self.cost_model.observe_catch_up(catch_up_tokens, total - self._step_without_catch_up(verified))
@@ -362,6 +372,9 @@ class SpecController:
         self.stats.verified_histogram.update(r.drafted for r in verified)
         self.stats.drafted += sum(r.drafted for r in verified)
         self.stats.accepted += sum(r.accepted for r in verified)
+        if self.step_log is not None:
+            self.step_log.append(self._step_entry(verified, record, wall, catch_up_tokens, prefill_tokens))
+            self._step_finished = now
         if not observe:
             return record
         try:
@@ -371,6 +384,24 @@ class SpecController:
         if self.saver is not None:
             self.saver.step()
         return record
+
+    def _step_entry(self, verified: Sequence[VerifiedRequest], record: StepRecord, wall: float,
+                    catch_up_tokens: int, prefill_tokens: int) -> dict:
+        """One step as `bench --save-steps` keeps it, priced by the cost model before it learns the
+        step: the lengths each row verified and drafts, what the draft ran, the wall time (`seconds`,
+        schedule to the end of the step's bookkeeping; a prefill's is not priced), what the cost model was handed (`learned`, 0 =
+        untimed) and the engine loop's time since the previous step ended (`between`)."""
+        context = max(r.context_length for r in verified)
+        drafting = list(record.drafting) if self._calls else None  # None: vLLM's own schedule chose
+        predicted = None
+        if self.cost_model is not None and drafting is not None and not prefill_tokens:
+            predicted = mixed_step_seconds(self.cost_model, len(verified), context, [r.drafted for r in verified], drafting)
+        between, self._between = self._between, None
+        return {"step": self.stats.steps, "batch": len(verified), "context": context,
+                "verified": [r.drafted for r in verified], "accepted": [r.accepted for r in verified],
+                "drafting": drafting, "draft_positions": record.draft_positions,
+                "catch_up_tokens": int(catch_up_tokens), "prefill_tokens": int(prefill_tokens),
+                "seconds": wall, "learned": record.total_seconds, "predicted": predicted, "between": between}
 
     def _cell_scale(self, verified: Sequence[VerifiedRequest]) -> float:
         """What turns this step's time into its profile cell's (`step_timing.cell_equivalent`), 0 where

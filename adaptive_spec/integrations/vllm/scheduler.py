@@ -171,7 +171,7 @@ class AdaptiveScheduler(Scheduler):
     def update_from_output(self, scheduler_output, model_runner_output):
         verified = []
         sampled = model_runner_output.sampled_token_ids
-        prefilling = False
+        prefill_tokens = 0
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
             index = model_runner_output.req_id_to_index.get(req_id)
@@ -179,8 +179,8 @@ class AdaptiveScheduler(Scheduler):
                 continue
             tokens = len(sampled[index])
             scheduled_drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id, ())
-            if scheduler_output.num_scheduled_tokens[req_id] > 1 + len(scheduled_drafts):
-                prefilling = True  # this step computed prompt tokens: its time is not a decode step's cost
+            # a step that computed prompt tokens: its time is not a decode step's cost
+            prefill_tokens += max(scheduler_output.num_scheduled_tokens[req_id] - 1 - len(scheduled_drafts), 0)
             drafts = [t for t in scheduled_drafts if t >= 0]  # -1 marks a placeholder, not a draft
             if not tokens:
                 continue  # a non-final prefill chunk samples nothing
@@ -188,8 +188,8 @@ class AdaptiveScheduler(Scheduler):
             verified.append(VerifiedRequest(req_id, len(drafts), max(tokens - 1, 0), min(tokens, max(budget, 0)),
                                             request.num_tokens))
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self.controller.finish_step(verified, timed=not prefilling, observe=self.vllm_lookup is None,
-                                    catch_up_tokens=self._catch_up_tokens)
+        self.controller.finish_step(verified, timed=not prefill_tokens, observe=self.vllm_lookup is None,
+                                    catch_up_tokens=self._catch_up_tokens, prefill_tokens=prefill_tokens)
         self.controller.forget(self.requests)
         for req_id in [r for r in self._draft_seen if r not in self.requests]:
             del self._draft_seen[req_id]
