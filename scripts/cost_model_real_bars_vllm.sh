@@ -4,14 +4,17 @@
 # (another day's machine state) and from no profile, side by side in one bench run at batch 1 on
 # the mixed HumanEval + ShareGPT stream, greedy. Run in the vLLM environment (.venv-vllm).
 #
-#   bash scripts/cost_model_real_bars_vllm.sh [RESULTS_DIR] [PROMPTS_PER_WORKLOAD]
+#   bash scripts/cost_model_real_bars_vllm.sh [RESULTS_DIR] [PROMPTS_PER_WORKLOAD] [CALIBRATE_SECONDS]
 #
-# Writes RESULTS_DIR/cost-bars/STAMP-vllm/here.json and one result file. Takes about 35 minutes on
+# CALIBRATE_SECONDS (default 0): each lane's start-up sweep of draft lengths (--calibrate), paid in
+# its own figures. Writes RESULTS_DIR/cost-bars/STAMP-vllm/here.json and steps.jsonl (every step of
+# every lane: python -m adaptive_spec.results.steps FILE) and one result file. Takes about 35 minutes on
 # the 2-core CPU; run nothing else meanwhile (the figures are wall-clock).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results}
 prompts=${2:-16}
+calibrate=${3:-0}
 cli=.venv-vllm/bin/adaptive-spec
 work="$out/cost-bars/$(date -u +%Y%m%dT%H%M%SZ)-vllm"
 committed=profiles/cpu-2core-vllm-qwen-coder-fp32.json
@@ -24,5 +27,5 @@ export VLLM_ENABLE_V1_MULTIPROCESSING=0
 .venv-vllm/bin/python -m adaptive_spec.integrations.vllm.profile --add-catch-up "$work/here.json"
 
 "$cli" bench --engine vllm --pair qwen-coder --mix "humaneval:$prompts,sharegpt:$prompts" --max-new-tokens 64 \
-  --temperatures 0 --cost-model shared \
+  --temperatures 0 --cost-model shared --calibrate "$calibrate" --save-steps "$work/steps.jsonl" \
   --policies "goodput@$work/here.json,goodput@$committed,goodput@none" --save "$out"

@@ -403,3 +403,19 @@ def test_save_steps_outside_the_vllm_plug_in_is_a_clear_error(capsys):
     any model loads rather than write nothing."""
     assert main(["bench", "--prompt", PROMPT, "--policies", "static:1", "--save-steps", "steps.jsonl"]) == 2
     assert "--save-steps logs the steps of the vLLM scheduler plug-in" in capsys.readouterr().err
+
+
+def test_calibrate_sweeps_every_length_first_and_says_so(tiny_model_dirs, tmp_path, capsys):
+    """generate --calibrate: the start-up sweep of K = 0..max k ran (its steps and lengths are in the
+    summary) before goodput chose; asked of a policy that reads no costs, a clear error."""
+    target, draft, _ = tiny_model_dirs
+    preset = tmp_path / "goodput-3.toml"
+    preset.write_text('policy = "goodput"\n[params]\nmax_k = 3\n')
+    base = ["generate", "--target", target, "--draft", draft, "--prompt", PROMPT, "--max-new-tokens", "60",
+            "--ignore-eos", "--profile", "none"]
+    assert main([*base, "--policy", str(preset), "--calibrate", "0.000001"]) == 0
+    summary = last_json(capsys)
+    assert summary["calibration"]["max_k"] == 3 and summary["calibration"]["steps"] == 12  # 0..3, three steps each
+    assert summary["calibration"]["seconds"] is not None  # the sweep ended and goodput took over
+    assert main([*base, "--policy", "static:2", "--calibrate", "5"]) == 2
+    assert "reads no step costs" in capsys.readouterr().err

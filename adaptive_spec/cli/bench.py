@@ -57,6 +57,7 @@ import torch
 from tqdm import tqdm
 
 from ..control import make_policy
+from ..control.price_sweep import sweep_summary, with_sweep
 from ..control.online_cost import learned_summary, print_learned
 from ..profiling.profile_file import load_profile
 from ..results.comparisons import compare, format_intervals, rotated
@@ -317,7 +318,7 @@ class EngineLane:
         spec, _, start = name.partition("@")
         if start:  # this lane's cost model starts from its own profile (see the module docstring)
             cost_model = functools.partial(cost_model, profile=start)
-        self.policy = make_policy(spec, cost_model)
+        self.policy = with_sweep(make_policy(spec, cost_model), args.calibrate, only_cost_readers=True)
         self.static = isinstance(self.policy, StaticPolicy)
         self.engine = SpecEngine(loaded.target, _own_drafter(loaded), policy=self.policy,
                                  max_batch_size=args.batch_size, seed=args.seed)
@@ -432,6 +433,9 @@ def _rows(lanes: dict, temperature: float, workloads: list[str], batch_size: int
         learned = learned_summary(getattr(getattr(lane, "policy", None), "cost_model", None))
         if learned:
             row["cost_model"] = learned
+        sweep = sweep_summary(getattr(lane, "policy", None))
+        if sweep:
+            row["calibration"] = sweep
         rows.append(row)
     return rows
 

@@ -122,6 +122,14 @@ def add_learning_options(parser) -> None:
     parser.add_argument("--save-learned", metavar="FILE", default=None,
                         help="after the run, write the shared cost model's learned state here (profile format; "
                              "pass it as --profile to start the next run where this one ended)")
+    add_calibrate_option(parser)
+
+
+def add_calibrate_option(parser) -> None:
+    parser.add_argument("--calibrate", type=float, default=0.0, metavar="SECONDS",
+                        help="spend the first SECONDS of traffic (whole sweeps, at least one) drafting every length "
+                             "0..max k in turn, so the cost model times each at the live context before the policy "
+                             "prices them (control/price_sweep.py); for policies that read step costs; 0 = off")
 
 
 def cost_model_kind(args) -> str:

@@ -9,6 +9,7 @@ import sys
 import time
 
 from ..control import make_policy
+from ..control.price_sweep import sweep_summary, with_sweep
 from ..engine import SpecEngine
 from .common import (add_model_options, add_policy_options, add_prompt_options, add_sampling_options,
                      add_structured_options, cost_model_kind, encode_all, gather_prompts, grammar_from_args,
@@ -40,7 +41,7 @@ def run_generate(args) -> int:
     if grammar is not None:  # compiled once; each request gets its own matcher from it
         params = dataclasses.replace(params, constraint=grammar.constraint(tokenizer, loaded.target.config.vocab_size))
     cost_model = policy_factory(args, loaded)
-    policy = make_policy(args.policy, cost_model)
+    policy = with_sweep(make_policy(args.policy, cost_model), args.calibrate)
     engine = SpecEngine(loaded.target, loaded.draft, policy=policy, max_batch_size=args.max_batch_size,
                         seed=args.seed)
     stream = len(prompts) == 1
@@ -80,6 +81,11 @@ def run_generate(args) -> int:
     summary = summarize(finished, seconds)
     summary.update(policy=engine.policy.name, target=loaded.target_name, draft=loaded.draft_name,
                    prompt_errors=len(errors))
+    sweep = sweep_summary(engine.policy)
+    if sweep:
+        summary["calibration"] = sweep
+        took = "still sweeping" if sweep["seconds"] is None else f"{sweep['seconds']} s"
+        print(f"[calibration: swept K = 0..{sweep['max_k']} over {sweep['steps']} steps ({took})]", file=sys.stderr)
     print(f"\n{summary['generated_tokens']} tokens in {seconds:.1f} s = {summary['tokens_per_s']} tokens/s; "
           f"acceptance rate {summary['acceptance_rate']}; mean acceptance length "
           f"{summary['mean_acceptance_length']} (bonus token included)", file=sys.stderr)

@@ -516,6 +516,9 @@ def print_learned(rows: list[dict]) -> None:
         learned = row.get("cost_model")
         if learned:
             events = f", {learned['outliers']} outliers, {learned['shifts']} shifts" if learned["kind"] == "shared" else ""
+            sweep = row.get("calibration")  # `price_sweep.sweep_summary`
+            if sweep:
+                events += f"; a start-up sweep of K = 0..{sweep['max_k']} took {sweep['steps']} of them"
             print(f"[{row['config']} at t={row['temperature']}: cost model {learned['kind']} learned from "
                   f"{learned['observations']} steps{events}]")
 

@@ -543,3 +543,21 @@ def test_a_controller_without_a_log_keeps_none():
     controller.start_step()
     controller.finish_step([VerifiedRequest("r0", 0, 0, 1, 100)])
     assert controller.step_log is None
+
+
+def test_a_start_up_sweep_comes_from_the_environment():
+    """ADAPTIVE_SPEC_VLLM_CALIBRATE: the plug-in's policy sweeps draft lengths first; a value that is
+    not a number, or a sweep for a policy that reads no costs, is a clear error at start-up."""
+    from adaptive_spec.control.price_sweep import PriceSweep
+    from adaptive_spec.integrations.vllm.controller import CALIBRATE_ENV
+
+    settings = ControllerSettings.from_environment({POLICY_ENV: "goodput", CALIBRATE_ENV: "12"})
+    assert settings.calibrate == 12.0
+    assert ControllerSettings.from_environment(settings.environment()) == settings
+    policy, model = settings.build()
+    assert isinstance(policy, PriceSweep) and policy.cost_model is model and policy.sweeping
+    assert not isinstance(ControllerSettings("goodput").build()[0], PriceSweep)
+    with pytest.raises(ValueError, match="must be a number of seconds"):
+        ControllerSettings.from_environment({CALIBRATE_ENV: "soon"})
+    with pytest.raises(ValueError, match="reads no step costs"):
+        ControllerSettings("static:2", calibrate=5).build()

@@ -53,6 +53,7 @@ import numpy as np
 from ...assets import encode_prompt
 from ...control.cost_model import CostModel
 from ...control.online_cost import learned_summary, print_learned, resolve_kind
+from ...control.price_sweep import sweep_summary, with_sweep
 from ...control.registry import make_policy
 from ...profiling.profile_file import load_profile
 from ...results.comparisons import compare, format_intervals, rotated
@@ -188,7 +189,8 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
     rows = []
     for temperature in temperatures:
         kind = resolve_kind(getattr(args, "cost_model", None), bool(getattr(args, "save_learned", None)))
-        controllers = {c: _controller(c, _lane_profile(c, args), kind) for c in configs}
+        calibrate = getattr(args, "calibrate", 0.0)
+        controllers = {c: _controller(c, _lane_profile(c, args), kind, calibrate) for c in configs}
         for config, controller in controllers.items():
             if controller is not None and getattr(args, "save_steps", None):
                 controller.step_log, controller.log_label = [], {"config": config, "temperature": temperature}
@@ -287,14 +289,15 @@ def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> 
     return list(timings.values())
 
 
-def _controller(config: str, profile: str | None = None, cost_model: str | None = None) -> SpecController | None:
+def _controller(config: str, profile: str | None = None, cost_model: str | None = None,
+                calibrate: float = 0.0) -> SpecController | None:
     if config == "vllm-off":
         return None
     if config.startswith("vllm-"):
         return SpecController(make_policy("off"))  # vLLM chooses; this one only counts acceptance
     name = config.partition("@")[0]
     policy, model = ControllerSettings(name, profile, cost_model).build()  # as the plug-in builds it in a server
-    return SpecController(policy, model)
+    return SpecController(with_sweep(policy, calibrate, only_cost_readers=True), model)
 
 
 def _lane_profile(config: str, args) -> str | None:
@@ -344,9 +347,12 @@ def _summary(config, temperature, timings, controller, rate) -> dict:
            "requests": len(timings), "tokens": tokens, "seconds": round(seconds, 3),
            "tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None, **_latencies(timings),
            "prompts": [_request_record(t) for t in timings]}  # taken off the row before printing
+    sweep = sweep_summary(getattr(controller, "policy", None))
     learned = learned_summary(getattr(controller, "cost_model", None))
     if learned:  # None for vllm-off and the vllm-* lanes (their controllers only count acceptance)
         row["cost_model"] = learned
+    if sweep:
+        row["calibration"] = sweep
     if drafted:
         row["acceptance_rate"] = round(accepted / drafted, 4)
     if steps:

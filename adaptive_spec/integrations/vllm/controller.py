@@ -43,6 +43,7 @@ from ...control.cost_model import CostModel
 from ...control.online_cost import cost_model_for, resolve_kind
 from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
                                StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
+from ...control.price_sweep import PriceSweep
 from ...control.registry import make_policy
 from ...control.step_timing import (MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent, fits_any_step,
                                     mixed_step_seconds, whole_step_record)
@@ -51,6 +52,7 @@ POLICY_ENV = "ADAPTIVE_SPEC_VLLM_POLICY"
 PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
 COST_MODEL_ENV = "ADAPTIVE_SPEC_VLLM_COST_MODEL"
 SAVE_LEARNED_ENV = "ADAPTIVE_SPEC_VLLM_SAVE_LEARNED"
+CALIBRATE_ENV = "ADAPTIVE_SPEC_VLLM_CALIBRATE"
 SAVE_EVERY = 256  # newly learned steps between writes of the learned cost state
 DEFAULT_POLICY = "goodput"
 # Drafting steps in a row whose drafter never asked the stop rule before the controller stops
@@ -68,20 +70,28 @@ class ControllerSettings:
     `ADAPTIVE_SPEC_VLLM_PROFILE` (a profile JSON file or a learned state; unset or 'none' = learn
     costs online), `ADAPTIVE_SPEC_VLLM_COST_MODEL` (cells, the default, or shared:
     `control.online_cost`) and `ADAPTIVE_SPEC_VLLM_SAVE_LEARNED` (a file the shared model's learned
-    state is written to every `SAVE_EVERY` timed steps and at exit; implies shared).
+    state is written to every `SAVE_EVERY` timed steps and at exit; implies shared) and
+    `ADAPTIVE_SPEC_VLLM_CALIBRATE` (seconds of a start-up sweep of draft lengths on the first traffic,
+    `control.price_sweep`; unset or 0 = none).
     """
 
     policy: str = DEFAULT_POLICY
     profile: str | None = None
     cost_model: str | None = None  # None: cells, or shared when save_learned is set
     save_learned: str | None = None
+    calibrate: float = 0.0  # seconds of start-up sweep (0: none)
 
     @classmethod
     def from_environment(cls, environ: dict | None = None) -> "ControllerSettings":
         environ = os.environ if environ is None else environ
         profile = environ.get(PROFILE_ENV) or None
+        calibrate = environ.get(CALIBRATE_ENV) or "0"
+        try:
+            seconds = float(calibrate)
+        except ValueError:
+            raise ValueError(f"{CALIBRATE_ENV} must be a number of seconds, got {calibrate!r}") from None
         return cls(environ.get(POLICY_ENV) or DEFAULT_POLICY, None if profile in (None, "none") else profile,
-                   environ.get(COST_MODEL_ENV) or None, environ.get(SAVE_LEARNED_ENV) or None)
+                   environ.get(COST_MODEL_ENV) or None, environ.get(SAVE_LEARNED_ENV) or None, seconds)
 
     def environment(self) -> dict[str, str]:
         """The variables that reproduce these settings in a vLLM process."""
@@ -90,6 +100,8 @@ class ControllerSettings:
             env[COST_MODEL_ENV] = self.cost_model
         if self.save_learned:
             env[SAVE_LEARNED_ENV] = self.save_learned
+        if self.calibrate:
+            env[CALIBRATE_ENV] = repr(float(self.calibrate))
         return env
 
     @property
@@ -122,7 +134,11 @@ class ControllerSettings:
             from ...profiling.profile_file import load_profile
 
             load_profile(self.profile)
+        if self.calibrate < 0:
+            raise ValueError(f"calibrate needs seconds >= 0, got {self.calibrate}")
         policy = make_policy(self.policy, cost_model)
+        if self.calibrate:  # a policy that reads no costs is a clear error there
+            policy = PriceSweep(policy, self.calibrate)
         return policy, (built[0] if built else None)
 
     def saver(self, cost_model: CostModel | None) -> "LearnedStateSaver | None":
