@@ -46,7 +46,7 @@ def test_the_summary_gives_each_kinds_share_error_and_draft_length(tmp_path, cap
     assert table.loc[("a", "prefill")]["measured_ms"] == pytest.approx(1200)
     between = steps.between_summary(frame).loc["a"]
     assert between["steps"] == 3 and between["between_mean_ms"] == pytest.approx(10.0)  # the prefill's 9 s left out
-    assert steps.main([str(path), "--by", "prompt-quarter"]) == 0
+    assert steps.main([str(path), "--by", "prompt-quarter"]) == 0 and steps.main([str(path), "--by", "batch"]) == 0
     assert "quarter" in capsys.readouterr().out
 
 

@@ -1,6 +1,6 @@
 """Where a run's step time went: a summary of `bench --engine vllm --save-steps FILE`.
 
-    python -m adaptive_spec.results.steps FILE [--by prompt-quarter]
+    python -m adaptive_spec.results.steps FILE [--by kind|prompt-quarter|batch]
 
 Each line of FILE is one engine step of one configuration (`SpecController._step_entry`). Steps are
 sorted into kinds by what they did:
@@ -92,8 +92,9 @@ def between_summary(frame: pd.DataFrame) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adaptive_spec.results.steps", description=__doc__.split("\n")[0])
     parser.add_argument("file", help="a bench --save-steps file")
-    parser.add_argument("--by", choices=("kind", "prompt-quarter"), default="kind",
-                        help="group each configuration's steps by kind (default) or by quarter of its prompts")
+    parser.add_argument("--by", choices=("kind", "prompt-quarter", "batch"), default="kind",
+                        help="group each configuration's steps by kind (default), by quarter of its prompts "
+                             "(batch 1) or by the number of rows in the step (under load)")
     args = parser.parse_args(argv)
     frame = load_steps(args.file)
     if args.by == "prompt-quarter":
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.file}: steps carry no prompt index (a run under load); use --by kind")
         quarter = (frame["prompt"] * 4 // (frame["prompt"].max() + 1)).astype(int) + 1
         table = summarise(frame.assign(quarter=quarter), ("config", "quarter"))
+    elif args.by == "batch":
+        table = summarise(frame, ("config", "batch"))
     else:
         table = summarise(frame)
     with pd.option_context("display.width", 160, "display.max_rows", 200):
