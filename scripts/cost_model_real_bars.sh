@@ -5,7 +5,10 @@
 # batch size, on the mixed HumanEval + ShareGPT stream, greedy. Every lane gets the same acceptance
 # warm start (the committed one, through --profile), so the starts differ in their costs alone.
 #
-#   bash scripts/cost_model_real_bars.sh [RESULTS_DIR] [PROMPTS_PER_WORKLOAD]
+#   bash scripts/cost_model_real_bars.sh [RESULTS_DIR] [PROMPTS_PER_WORKLOAD] [CALIBRATE_SECONDS] [BATCHES]
+#
+# CALIBRATE_SECONDS (default 0): each lane's start-up sweep of draft lengths (--calibrate), paid in
+# its own figures; BATCHES (default "1 4"): the batch sizes, one bench each.
 #
 # Writes RESULTS_DIR/cost-bars/STAMP/{here,perturbed}.json (STAMP: the run's UTC start, so an earlier
 # run's result files keep the profiles they name) and one result file per batch size. Takes
@@ -14,6 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results}
 prompts=${2:-16}
+calibrate=${3:-0}
+batches=${4:-1 4}
 cli=.venv/bin/adaptive-spec
 work="$out/cost-bars/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$work"
@@ -30,9 +35,9 @@ perturbed["name"] = "cost-bars-perturbed (draft x1.3, verify per token x0.8)"
 save_profile(perturbed, sys.argv[2])
 EOF
 
-for batch in 1 4; do
+for batch in $batches; do
   "$cli" bench --pair qwen-coder --mix "humaneval:$prompts,sharegpt:$prompts" --batch-size "$batch" --no-hf \
-    --temperatures 0 --max-new-tokens 64 --cost-model shared \
+    --temperatures 0 --max-new-tokens 64 --cost-model shared --calibrate "$calibrate" \
     --profile profiles/cpu-2core-qwen-coder-fp32-int8draft.json \
     --policies "goodput@$work/here.json,goodput@$work/perturbed.json,goodput@none" --save "$out"
 done

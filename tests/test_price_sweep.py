@@ -113,3 +113,12 @@ def test_a_sweep_times_every_length_the_policy_would_not_draft():
             assert run.sweep_steps == 18 and not run.sweeping  # one whole sweep of 0..5, 3 steps each
     assert not any(untimed[True])
     assert any(untimed[False])
+
+
+def test_a_sweep_stops_at_eight_unless_told_and_at_the_hosts_cap():
+    """goodput may draft 12; the sweep times 0..8 (longer lengths share their neighbours' shape), or
+    fewer where the first batch's cap is lower."""
+    sweep = PriceSweep(GoodputPolicy(CostModel.default()), seconds=1.0, clock=lambda: 0.0)
+    assert sweep.max_k == 8
+    sweep.choose(views(5, 3))
+    assert sweep.max_k == 5 and len(sweep.schedule) == 18

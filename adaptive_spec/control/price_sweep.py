@@ -11,8 +11,8 @@ and caught up only in the last quarter. Price probes (`GoodputPolicy._price_prob
 length at a time, and at batch 1 the in-step rule cuts a probe short where the untimed price says.
 
 What: for its first `seconds` (whole sweeps, at least one) `PriceSweep` answers `choose` itself:
-every row drafts K = 0, 1, ..., max_k in turn (max_k: the policy's, or the first batch's cap if
-less), each held for `hold` steps (so a host that verifies a
+every row drafts K = 0, 1, ..., max_k in turn (max_k: the policy's up to `SWEEP_MAX_K`, 8, or the
+first batch's cap if less), each held for `hold` steps (so a host that verifies a
 step late, vLLM, has steps whose verified and drafted lengths agree), capped at what each row can
 use, and the in-step rule keeps every draft. The draft length never changes what is emitted, only
 how fast, so outputs keep their law; what the sweep costs is paid in the run's own figures. Every
@@ -33,7 +33,11 @@ from .policy import Policy, PolicyBase, RequestView, StepRecord, draft_stop_rule
 __all__ = ["PriceSweep", "DEFAULT_HOLD", "with_sweep", "sweep_summary"]
 
 DEFAULT_HOLD = 3  # steps per length: under vLLM's one-step lag the last hold - 1 verify what they draft
-DEFAULT_MAX_K = 6
+DEFAULT_MAX_K = 6  # for a policy that names no max_k
+# The longest length a sweep times unless asked: goodput may draft 12, but each swept length costs
+# three steps, and lengths past 8 are rare and share their neighbours' shape (the shared model's
+# per-length deviations are correlated), so a sweep of 0..8 prices them too.
+SWEEP_MAX_K = 8
 
 
 class PriceSweep(PolicyBase):
@@ -50,7 +54,8 @@ class PriceSweep(PolicyBase):
                              "there is nothing to calibrate")
         self._fit_to_host = max_k is None  # the first batch's cap may shorten the sweep
         config_k = getattr(getattr(policy, "config", None), "max_k", None)
-        self.max_k = int(max_k if max_k is not None else config_k if config_k is not None else DEFAULT_MAX_K)
+        self.max_k = int(max_k if max_k is not None else
+                         min(config_k, SWEEP_MAX_K) if config_k is not None else DEFAULT_MAX_K)
         if self.max_k < 1:
             raise ValueError(f"a sweep needs max_k >= 1, got {self.max_k}")
         self.policy, self.seconds, self.hold, self.clock = policy, float(seconds), int(hold), clock
