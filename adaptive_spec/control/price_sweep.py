@@ -59,7 +59,6 @@ class PriceSweep(PolicyBase):
         if self.max_k < 1:
             raise ValueError(f"a sweep needs max_k >= 1, got {self.max_k}")
         self.policy, self.seconds, self.hold, self.clock = policy, float(seconds), int(hold), clock
-        self.schedule = [k for k in range(self.max_k + 1) for _ in range(self.hold)]
         self.sweep_steps = 0  # steps the sweep chose
         self.sweep_seconds: float | None = None  # how long it ran, once it ended
         self._started: float | None = None
@@ -70,6 +69,11 @@ class PriceSweep(PolicyBase):
     @property
     def name(self) -> str:
         return self.policy.name
+
+    @property
+    def schedule(self) -> list[int]:
+        """One sweep's draft lengths, step by step: 0..max_k, each `hold` times."""
+        return [k for k in range(self.max_k + 1) for _ in range(self.hold)]
 
     @property
     def sweeping(self) -> bool:
@@ -94,9 +98,11 @@ class PriceSweep(PolicyBase):
         if not requests:
             return list(self.policy.choose(requests)) if not self.sweeping else []
         self._calls += 1
-        if self.sweeping and self.sweep_steps % len(self.schedule) == 0 and self._started is not None \
-                and self.clock() - self._started >= self.seconds:
-            self.sweep_seconds = self.clock() - self._started
+        steps_per_sweep = (self.max_k + 1) * self.hold
+        if self.sweeping and self._started is not None and self.sweep_steps % steps_per_sweep == 0:
+            elapsed = self.clock() - self._started
+            if elapsed >= self.seconds:
+                self.sweep_seconds = elapsed
         if not self.sweeping:
             return self.policy.choose(requests)
         if self._started is None:
@@ -104,8 +110,7 @@ class PriceSweep(PolicyBase):
             longest = max(r.max_k for r in requests)  # the host's cap (vLLM's num_speculative_tokens)
             if self._fit_to_host and 1 <= longest < self.max_k:
                 self.max_k = longest
-                self.schedule = [k for k in range(self.max_k + 1) for _ in range(self.hold)]
-        k = self.schedule[self.sweep_steps % len(self.schedule)]
+        k = (self.sweep_steps // self.hold) % (self.max_k + 1)
         self.sweep_steps += 1
         self._swept.add(self._calls)
         return [min(k, max(r.max_k, 0)) for r in requests]

@@ -43,7 +43,7 @@ from ...control.cost_model import CostModel
 from ...control.online_cost import cost_model_for, resolve_kind
 from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
                                StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
-from ...control.price_sweep import PriceSweep
+from ...control.price_sweep import with_sweep
 from ...control.registry import make_policy
 from ...control.step_timing import (MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent, fits_any_step,
                                     mixed_step_seconds, whole_step_record)
@@ -136,9 +136,8 @@ class ControllerSettings:
             load_profile(self.profile)
         if self.calibrate < 0:
             raise ValueError(f"calibrate needs seconds >= 0, got {self.calibrate}")
-        policy = make_policy(self.policy, cost_model)
-        if self.calibrate:  # a policy that reads no costs is a clear error there
-            policy = PriceSweep(policy, self.calibrate)
+        # a sweep for a policy that reads no costs is a clear error there
+        policy = with_sweep(make_policy(self.policy, cost_model), self.calibrate)
         return policy, (built[0] if built else None)
 
     def saver(self, cost_model: CostModel | None) -> "LearnedStateSaver | None":
@@ -266,13 +265,10 @@ class SpecController:
         self.step_log: list[dict] | None = None
         self.log_label: dict = {}  # what each logged step is tagged with when saved (its configuration)
         self._step_finished: float | None = None  # when the last logged step's time was read
-        self._between: float | None = None
 
     # --- before a step -------------------------------------------------------------------------
     def start_step(self) -> None:
         self._step_started = self.clock()
-        if self._step_finished is not None and self.step_log is not None:
-            self._between = self._step_started - self._step_finished  # the engine loop outside the step
 
     def choose(self, requests: Sequence[RunningRequest]) -> dict[str, int]:
         """k per request id for the drafts proposed in this step (0 where the policy fails)."""
@@ -389,7 +385,7 @@ class SpecController:
         self.stats.drafted += sum(r.drafted for r in verified)
         self.stats.accepted += sum(r.accepted for r in verified)
         if self.step_log is not None:
-            self.step_log.append(self._step_entry(verified, record, wall, catch_up_tokens, prefill_tokens))
+            self.step_log.append(self._step_entry(verified, record, started, wall, catch_up_tokens, prefill_tokens))
             self._step_finished = now
         if not observe:
             return record
@@ -401,8 +397,8 @@ class SpecController:
             self.saver.step()
         return record
 
-    def _step_entry(self, verified: Sequence[VerifiedRequest], record: StepRecord, wall: float,
-                    catch_up_tokens: int, prefill_tokens: int) -> dict:
+    def _step_entry(self, verified: Sequence[VerifiedRequest], record: StepRecord, started: float | None,
+                    wall: float, catch_up_tokens: int, prefill_tokens: int) -> dict:
         """One step as `bench --save-steps` keeps it, priced by the cost model before it learns the
         step: the lengths each row verified and drafts, what the draft ran, the wall time (`seconds`,
         schedule to the end of the step's bookkeeping; a prefill's is not priced), what the cost model was handed (`learned`, 0 =
@@ -412,7 +408,8 @@ class SpecController:
         predicted = None
         if self.cost_model is not None and drafting is not None and not prefill_tokens:
             predicted = mixed_step_seconds(self.cost_model, len(verified), context, [r.drafted for r in verified], drafting)
-        between, self._between = self._between, None
+        # the engine loop outside the step, since the last logged step's time was read
+        between = started - self._step_finished if started is not None and self._step_finished is not None else None
         return {"step": self.stats.steps, "batch": len(verified), "context": context,
                 "verified": [r.drafted for r in verified], "accepted": [r.accepted for r in verified],
                 "drafting": drafting, "draft_positions": record.draft_positions,
