@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from adaptive_spec.cli import main
+from adaptive_spec.engine import SpecEngine
 
 PROMPT = "w1 w2 w3 w1 w2 w3 w1 w2"
 
@@ -419,3 +420,20 @@ def test_calibrate_sweeps_every_length_first_and_says_so(tiny_model_dirs, tmp_pa
     assert summary["calibration"]["seconds"] is not None  # the sweep ended and goodput took over
     assert main([*base, "--policy", "static:2", "--calibrate", "5"]) == 2
     assert "reads no step costs" in capsys.readouterr().err
+
+
+def test_slo_tpot_reaches_goodput_and_is_refused_for_a_policy_without_the_guard(tiny_model_dirs, capsys, monkeypatch):
+    """generate --slo-tpot: the engine's goodput runs with the target (seconds); a fixed policy has no
+    guard, a clear error."""
+    import adaptive_spec.cli.generate as generate
+
+    built = []
+    monkeypatch.setattr(generate, "SpecEngine", lambda *a, policy, **kw: built.append(policy) or SpecEngine(*a, policy=policy, **kw))
+    target, draft, _ = tiny_model_dirs
+    base = ["generate", "--target", target, "--draft", draft, "--prompt", PROMPT, "--max-new-tokens", "8",
+            "--profile", "none"]
+    assert main([*base, "--policy", "goodput", "--slo-tpot", "500"]) == 0
+    assert built[0].config.tpot_target == pytest.approx(0.5)
+    capsys.readouterr()
+    assert main([*base, "--policy", "static:2", "--slo-tpot", "500"]) == 2
+    assert "no latency guard" in capsys.readouterr().err

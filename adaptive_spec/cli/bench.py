@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from ..control import make_policy
+from ..control import make_policy, with_tpot_target
 from ..control.price_sweep import sweep_summary, with_sweep
 from ..control.online_cost import learned_summary, print_learned
 from ..profiling.profile_file import load_profile
@@ -318,7 +318,8 @@ class EngineLane:
         spec, _, start = name.partition("@")
         if start:  # this lane's cost model starts from its own profile (see the module docstring)
             cost_model = functools.partial(cost_model, profile=start)
-        self.policy = with_sweep(make_policy(spec, cost_model), args.calibrate, only_cost_readers=True)
+        policy = with_tpot_target(make_policy(spec, cost_model), args.slo_tpot, only_goodput=True)
+        self.policy = with_sweep(policy, args.calibrate, only_cost_readers=True)
         self.static = isinstance(self.policy, StaticPolicy)
         self.engine = SpecEngine(loaded.target, _own_drafter(loaded), policy=self.policy,
                                  max_batch_size=args.batch_size, seed=args.seed)

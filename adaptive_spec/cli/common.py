@@ -123,6 +123,14 @@ def add_learning_options(parser) -> None:
                         help="after the run, write the shared cost model's learned state here (profile format; "
                              "pass it as --profile to start the next run where this one ended)")
     add_calibrate_option(parser)
+    add_latency_option(parser)
+
+
+def add_latency_option(parser) -> None:
+    parser.add_argument("--slo-tpot", type=float, default=0.0, metavar="MS",
+                        help="goodput's latency guard: in steps of more than one request, keep every request's expected "
+                             "time per output token within MS milliseconds (the decode step as the cost model prices "
+                             "it; prefills beside it are not bounded); 0 = no target")
 
 
 def add_calibrate_option(parser) -> None:

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from ..control import make_policy
+from ..control import make_policy, with_tpot_target
 from ..control.price_sweep import sweep_summary, with_sweep
 from ..engine import SpecEngine
 from .common import (add_model_options, add_policy_options, add_prompt_options, add_sampling_options,
@@ -41,7 +41,7 @@ def run_generate(args) -> int:
     if grammar is not None:  # compiled once; each request gets its own matcher from it
         params = dataclasses.replace(params, constraint=grammar.constraint(tokenizer, loaded.target.config.vocab_size))
     cost_model = policy_factory(args, loaded)
-    policy = with_sweep(make_policy(args.policy, cost_model), args.calibrate)
+    policy = with_sweep(with_tpot_target(make_policy(args.policy, cost_model), args.slo_tpot), args.calibrate)
     engine = SpecEngine(loaded.target, loaded.draft, policy=policy, max_batch_size=args.max_batch_size,
                         seed=args.seed)
     stream = len(prompts) == 1

@@ -10,7 +10,7 @@ import sys
 
 from ..control.online_cost import COST_MODELS
 from ..integrations.vllm.controller import ControllerSettings
-from .common import add_calibrate_option
+from .common import add_calibrate_option, add_latency_option
 from ..integrations.vllm.engine import EngineSpec
 from ..integrations.vllm.profile import find_vllm_profile, start_line
 from ..integrations.vllm.serve import run_serve
@@ -34,6 +34,7 @@ def add_serve_command(subparsers) -> None:
                         help="write the shared cost model's learned state here as the server runs (every 256 "
                              "learned steps and at exit); pass it as --profile next time")
     add_calibrate_option(parser)
+    add_latency_option(parser)
     parser.add_argument("--max-k", type=int, default=6, help="num_speculative_tokens: the cap on any k")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache size on CPU (GiB)")
@@ -65,7 +66,7 @@ def run_serve_command(args) -> int:
         print(start_line(args.profile, profile), file=sys.stderr)
     if args.calibrate and args.policy == "off":
         raise ValueError("--calibrate sweeps draft lengths for a policy that reads step costs; --policy off reads none")
-    settings = ControllerSettings(args.policy, profile, args.cost_model, save, args.calibrate)
+    settings = ControllerSettings(args.policy, profile, args.cost_model, save, args.calibrate, args.slo_tpot)
     spec = dataclasses.replace(spec, settings=settings)
     if args.policy != "off" and not args.dry_run:
         _, cost_model = settings.build()  # a bad policy or profile fails here, before vLLM spends a minute starting

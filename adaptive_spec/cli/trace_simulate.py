@@ -203,13 +203,19 @@ def _learning_policy(spec: str, profile: dict, warm_start: dict | None):
 
 
 def _print_table(reports: list[dict]) -> None:
-    header = f"{'policy':<22} {'tok/s':>9} {'accept':>7} {'len':>6} {'p50 s':>8} {'p99 s':>8}"
+    header = (f"{'policy':<22} {'tok/s':>9} {'accept':>7} {'len':>6} {'p50 s':>8} {'p99 s':>8} "
+              f"{'TPOT p50':>9} {'p99 ms':>7}")
     print(header)
     print("-" * len(header))
     for r in reports:
         note = "  (upper bound)" if r.get("oracle") == "upper-bound" else ""
         print(f"{r['policy']:<22} {_cell(r['tokens_per_s'], 9)} {_cell(r['acceptance_rate'], 7)} "
-              f"{_cell(r['mean_acceptance_length'], 6)} {_cell(r['latency_p50'], 8)} {_cell(r['latency_p99'], 8)}{note}")
+              f"{_cell(r['mean_acceptance_length'], 6)} {_cell(r['latency_p50'], 8)} {_cell(r['latency_p99'], 8)} "
+              f"{_ms(r.get('tpot_p50'), 9)} {_ms(r.get('tpot_p99'), 7)}{note}")
+
+
+def _ms(seconds, width: int) -> str:
+    return f"{seconds * 1000:>{width}.0f}" if isinstance(seconds, (int, float)) else f"{'-':>{width}}"
 
 
 def _cell(value, width: int) -> str:

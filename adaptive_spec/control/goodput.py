@@ -96,6 +96,18 @@ learned only K = 1 can stay sure of a wrong K = 0 price.
 
 Flapping guard: the decision before drafting changes K only when the new best beats the current
 K's goodput by more than `hysteresis`, unless staying at the current K would need a catch-up.
+
+Latency guard (batch > 1, `_token_seconds_cap`): every row of a step waits for the whole step, so a
+row that drafts little pays for its neighbours' long drafts in time per token (the step's seconds
+over the tokens it emits). Goodput alone would make a chat request beside code requests slower per
+token than without speculation, at no gain to the batch's throughput that the row notices. So each
+option before drafting, each ending inside the step and each probe is held to a cap on every row's
+expected seconds per token: `tpot_target` seconds where set (`--slo-tpot`), else `latency_factor`
+times the step at K = 0 (where a row emits one token). Among the options within the cap the best
+goodput wins; where none is within it, the one whose slowest row is fastest. At batch 1 the cap never
+binds (the row's seconds per token are the inverse of the step's goodput, which the policy maximises
+already). The cap is on the decode step as the cost model prices it: a step that prefills a prompt
+beside the rows, or a host's time between steps, is beyond what the choice of k can bound.
 """
 
 from __future__ import annotations
@@ -145,6 +157,11 @@ class GoodputConfig:
     # (`forecast_scale`); each step's evidence decays by `forecast_decay`.
     forecast_correction: bool = True
     forecast_decay: float = 0.9
+    # The latency guard (module docstring): every row's expected seconds per token in a step of
+    # batch > 1 at most `tpot_target` seconds if set, else `latency_factor` x the step at K = 0
+    # (None: no guard).
+    tpot_target: float | None = None
+    latency_factor: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -162,6 +179,8 @@ class GoodputConfig:
             (0 <= self.min_row_survival < 1, "min_row_survival must be in [0, 1)"),
             (self.option_min_step_seconds >= 0, "option_min_step_seconds must be >= 0"),
             (0 < self.forecast_decay < 1, "forecast_decay must be in (0, 1)"),
+            (self.tpot_target is None or self.tpot_target > 0, "tpot_target must be > 0 seconds (None: no target)"),
+            (self.latency_factor is None or self.latency_factor >= 1, "latency_factor must be >= 1 (None: no guard)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -215,6 +234,7 @@ class GoodputPolicy(PolicyBase):
         self._forecasts: deque = deque(maxlen=4)  # beside it: each choice's forecast goodput, if it drafted by choice
         self._forecast_seen = [0.0, 0.0]  # decayed sums of (realised, forecast) goodput of drafting steps
         self._costs: list[float] = []  # step_seconds per K for the step being drafted
+        self._cap: float | None = None  # the latency guard's cap on a row's seconds per token this step
         self._batch: tuple[int, float] = (1, 0.0)  # its batch size and context
         self.last_goodput: list[float] = []  # goodput per K at the last choice, for inspection
         self.rate_ema: float | None = None  # tokens per predicted second of recent steps
@@ -226,7 +246,7 @@ class GoodputPolicy(PolicyBase):
 
     # --- decision 1: draft at all? -----------------------------------------------------------
     def choose(self, requests: Sequence[RequestView]) -> list[int]:
-        self._step, self._options = [], None
+        self._step, self._options, self._cap = [], None, None
         self._unobserved.append({})  # first, so a choice that fails still keeps outcomes in step
         self._forecasts.append(None)
         if not requests:
@@ -249,19 +269,29 @@ class GoodputPolicy(PolicyBase):
         if self.config.forecast_correction and len(requests) > 1:
             scale = self.forecast_scale()
             self.last_goodput[1:] = [goodput * scale for goodput in self.last_goodput[1:]]
-        best = max(range(k_max + 1), key=self.last_goodput.__getitem__)
+        self._cap = cap = self._token_seconds_cap(len(requests), costs[0])
+        within = list(range(k_max + 1))
+        if cap is not None:
+            # a catch-up as `options` charges it, spread over the drafting rows' remaining steps: it
+            # is paid once, and a row's time per token is its time over all its tokens
+            slowest = [_slowest_row(costs[k] + catch_up, rows, requests, expected, k)
+                       for k, (_, rows, catch_up) in enumerate(options)]
+            within = [k for k in within if slowest[k] <= cap] or [min(within, key=slowest.__getitem__)]
+        best = max(within, key=self.last_goodput.__getitem__)
         current = min(self._batch_k, k_max)
         # Hysteresis spares the cost of flapping where no option prices it. A move that needs a
         # catch-up has that cost priced in (staying at a K that needs one is not free either), so
         # neither end of such a move is protected: a lazy draft's K = 0 would otherwise hold every
         # row whose drafting pays by less than the hysteresis, and those rows never learn it pays more.
         protected = not options[current][2] and not options[best][2]
-        if protected and self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis):
+        if (protected and current in within
+                and self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis)):
             best = current
         # a price probe times a length in one step: not one no row would draft, nor one whose rows must
         # first catch up (that cost is paid in full for one step's evidence; acceptance probes resume them)
         probe = self._price_probe(best, len(requests), k_max,
-                                  {k for k, (_, rows, catch_up) in enumerate(options) if k == 0 or (rows and not catch_up)})
+                                  {k for k, (_, rows, catch_up) in enumerate(options)
+                                   if (k == 0 or (rows and not catch_up)) and k in within})
         if probe != best:
             best = probe
             self.price_probes += 1
@@ -275,7 +305,13 @@ class GoodputPolicy(PolicyBase):
         # What a probe costs the batch: one row's share of the drafting increment where the host's
         # step follows its drafted tokens (vLLM), the whole increment where it follows its longest draft.
         probe_costs = [costs[0]] + [costs[0] + (cost - costs[0]) * share[0] for cost, share in zip(costs[1:], shares[1:])]
-        probes = self._probes(requests, states, probe_costs, probe_catch_up, drafting)
+        # Under the latency guard a probe may lengthen the step only as far as a row emitting one
+        # token stays within the cap (a probe up to the batch's own drafting length adds nothing).
+        longest = len(probe_costs) - 1
+        if cap is not None:
+            longest = max(best if drafting else 0, max((k for k, c in enumerate(probe_costs) if c <= cap), default=0))
+        probes = (self._probes(requests, states, probe_costs[:longest + 1], probe_catch_up, drafting)
+                  if longest else [0] * len(requests))
         # A step of probes alone pays for itself if it emits what its time would have at K = 0.
         bar = len(requests) * probe_costs[max(probes)] / costs[0] if not drafting and any(probes) and costs[0] > 0 else 0.0
         upper = k_max if self.config.stop_inside_step and self.host_stops_drafts else best
@@ -347,8 +383,30 @@ class GoodputPolicy(PolicyBase):
             value = [gain - self.rate_ema * seconds for gain, seconds in zip(added, cost)]
         else:
             value = [(fixed + gain) / max(seconds, 1e-12) for gain, seconds in zip(added, cost)]
-        best = max(range(len(value)), key=value.__getitem__)
+        endings = range(len(value))
+        if self._cap is not None:  # the latency guard: every row's seconds per token within the cap
+            least = self._least_emitted(position, shown, len(added))
+            slowest = [seconds / tokens for seconds, tokens in zip(cost, least)]
+            endings = [e for e in endings if slowest[e] <= self._cap] or [min(endings, key=slowest.__getitem__)]
+        best = max(endings, key=value.__getitem__)
         return False if best == 0 else KEEP_LAST if best == 1 else True
+
+    def _least_emitted(self, position: int, shown: list[tuple[_Row, float]], endings: int) -> list[float]:
+        """Per ending e (as in `_best_ending`): the fewest tokens any row of the step expects to emit."""
+        still = {id(row) for row, _ in shown}
+        floor = min([row.expected for row in self._step if id(row) not in still], default=math.inf)
+        least = [floor] * endings
+        for row, survival in shown:
+            rates, last, total, survive = row.rates, len(row.rates) - 1, row.expected, survival
+            least[0] = min(least[0], total)
+            for e in range(1, endings):
+                j = position + e - 1
+                if j < row.limit:
+                    if j > position:
+                        survive *= rates[j if j < last else last]
+                    total += survive
+                least[e] = min(least[e], total)
+        return least
 
     def _options_pay(self) -> bool:
         return self.config.option_stopping and self._costs[0] >= self.config.option_min_step_seconds
@@ -484,6 +542,15 @@ class GoodputPolicy(PolicyBase):
         self.calibration.load_state(state["calibration"])
 
     # --- helpers -----------------------------------------------------------------------------
+    def _token_seconds_cap(self, batch: int, base_seconds: float) -> float | None:
+        """The latency guard's cap on a row's expected seconds per token (None: no guard, or batch 1)."""
+        if batch <= 1:
+            return None
+        if self.config.tpot_target is not None:
+            return self.config.tpot_target
+        factor = self.config.latency_factor
+        return None if factor is None or base_seconds <= 0 else factor * base_seconds
+
     def _states_for(self, requests: Sequence[RequestView]) -> list[_RequestState]:
         """States of the running requests; finished ones are dropped."""
         known = self._requests
@@ -701,6 +768,16 @@ def _drafting_rows(k: int, requests: Sequence[RequestView], expected: list[list[
         if best is None or goodput > best[0]:
             best = (goodput, n, catch_up)
     return best[0], sorted(c[4] for c in candidates[:best[1]]), best[2]
+
+
+def _slowest_row(seconds: float, drafting: list[int], requests: Sequence[RequestView], expected: list[list[float]],
+                 k: int) -> float:
+    """A step of `seconds` at batch draft length k: the most seconds per expected token of any row
+    (a row outside `drafting` emits one token)."""
+    chosen = set(drafting)
+    least = min(rows[min(k, request.max_k)] if index in chosen else rows[0]
+                for index, (request, rows) in enumerate(zip(requests, expected)))
+    return seconds / max(least, 1e-12)
 
 
 def _quantiles(values: list[float], count: int) -> list[float]:

@@ -4,6 +4,7 @@
 A preset is a small TOML file:
 
     policy = "goodput"          # which kind
+    name = "my-goodput"         # optional: what reports call it
     [params]                    # that kind's config fields; unknown fields are errors
     max_k = 8
 
@@ -14,6 +15,7 @@ online.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 import warnings
@@ -73,6 +75,22 @@ def make_policy(spec: str | Policy, cost_model: StepCost | None = None) -> Polic
                      "or a path to a preset .toml file")
 
 
+def with_tpot_target(policy: Policy, milliseconds: float | None, *, only_goodput: bool = False) -> Policy:
+    """`policy` with goodput's latency guard at `milliseconds` per output token (`--slo-tpot`; None or 0:
+    unchanged). A policy that is not goodput is a ValueError, or, with `only_goodput` (a bench lane
+    beside others), left as it is."""
+    if not milliseconds:
+        return policy
+    if not milliseconds > 0:
+        raise ValueError(f"--slo-tpot needs milliseconds > 0, got {milliseconds}")
+    if not isinstance(policy, GoodputPolicy):
+        if only_goodput:
+            return policy
+        raise ValueError(f"--slo-tpot bounds goodput's choices; policy {getattr(policy, 'name', policy)!r} has no latency guard")
+    policy.config = dataclasses.replace(policy.config, tpot_target=milliseconds / 1000)
+    return policy
+
+
 def load_preset(path: str | os.PathLike, cost_model: StepCost | None = None) -> Policy:
     path = Path(path)
     try:
@@ -84,16 +102,22 @@ def load_preset(path: str | os.PathLike, cost_model: StepCost | None = None) -> 
     kind = document.get("policy")
     if kind not in KINDS:
         raise ValueError(f"policy preset {path}: 'policy' must be one of {', '.join(KINDS)}, got {kind!r}")
-    extra = set(document) - {"policy", "params", "description"}
+    extra = set(document) - {"policy", "params", "description", "name"}
     if extra:
         raise ValueError(f"policy preset {path}: unknown keys {sorted(extra)}")
     params = document.get("params", {})
     if not isinstance(params, dict):
         raise ValueError(f"policy preset {path}: [params] must be a table")
+    name = document.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"policy preset {path}: 'name' must be a non-empty string, got {name!r}")
     try:
-        return KINDS[kind](dict(params), cost_model)
+        policy = KINDS[kind](dict(params), cost_model)
     except (TypeError, ValueError) as error:
         raise ValueError(f"policy preset {path}: {error}") from None
+    if name is not None:  # what reports call it (default: its kind's name)
+        policy.name = name.strip()
+    return policy
 
 
 def known_policies() -> list[str]:

@@ -120,6 +120,7 @@ class _Sim:
     pending: int = 0  # host "vllm": drafts proposed last step, verified in the next
     seconds: float = 0.0  # its share of the steps it was in, and its prefill
     latency: float = 0.0
+    first_token: float = 0.0  # when its prefill emitted its first token
     ks: list[int] = field(default_factory=list)  # per step, with per_request
     accepted: list[int] = field(default_factory=list)
 
@@ -350,6 +351,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
     k_hist: Counter = Counter()
     batch_k_hist: Counter = Counter()
     latencies = []
+    token_seconds = []  # per request past its first token: time per output token (TPOT)
     prefill_seconds = catch_up_seconds = 0.0
     observe = policy.observe
     host_costs = getattr(policy, "cost_model", None)  # what the host scales a ragged step's time by
@@ -364,7 +366,7 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             now += cost
             prefill_seconds += cost
             sim.seconds += cost
-            sim.t = 1
+            sim.t, sim.first_token = 1, now
             emitted_total += 1
             if sim.trace.length <= 1:
                 sim.latency = now - sim.arrival
@@ -449,8 +451,10 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
             step_hook(steps, b, max(contexts), sum(o.emitted for o in outcomes), total_s + catch_up)
         if finished:
             for row in finished:
-                running[row].latency = now - running[row].arrival
-                latencies.append(running[row].latency)
+                sim = running[row]
+                sim.latency = now - sim.arrival
+                latencies.append(sim.latency)
+                token_seconds.append((now - sim.first_token) / (sim.trace.length - 1))
             gone = set(finished)
             running = [s for row, s in enumerate(running) if row not in gone]
     lat = np.asarray(latencies)
@@ -470,9 +474,17 @@ def _loop(sims: list[_Sim], clock: _Clock, policy, batch_size: int, rate: float 
         "latency_p50": round(float(np.percentile(lat, 50)), 6),
         "latency_p90": round(float(np.percentile(lat, 90)), 6),
         "latency_p99": round(float(np.percentile(lat, 99)), 6),
+        **_tpot_figures(token_seconds),
         "k_histogram": {str(k): int(v) for k, v in sorted(k_hist.items())},
         "batch_k_histogram": {str(k): int(v) for k, v in sorted(batch_k_hist.items())},
     }
+
+
+def _tpot_figures(token_seconds: list[float]) -> dict:
+    """TPOT percentiles in seconds over the requests that emitted more than one token."""
+    if not token_seconds:
+        return {"tpot_p50": None, "tpot_p99": None}
+    return {f"tpot_p{q}": round(float(np.percentile(token_seconds, q)), 6) for q in (50, 99)}
 
 
 def _request_figures(sim: _Sim) -> dict:
@@ -513,7 +525,7 @@ def _oracle_bound(sims: list[_Sim], clock: _Clock, batch_size: int, max_k: int) 
         "accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
         "mean_acceptance_length": _rounded(mean_acceptance_length(accepted, request_steps)),
-        "latency_p50": None, "latency_p90": None, "latency_p99": None,
+        "latency_p50": None, "latency_p90": None, "latency_p99": None, "tpot_p50": None, "tpot_p99": None,
         "k_histogram": {str(k): int(v) for k, v in sorted(k_hist.items())},
     }
 

@@ -561,3 +561,20 @@ def test_a_start_up_sweep_comes_from_the_environment():
         ControllerSettings.from_environment({CALIBRATE_ENV: "soon"})
     with pytest.raises(ValueError, match="reads no step costs"):
         ControllerSettings("static:2", calibrate=5).build()
+
+
+def test_a_latency_target_comes_from_the_environment():
+    """ADAPTIVE_SPEC_VLLM_SLO_TPOT: the plug-in's goodput holds every row within that many milliseconds
+    a token (its `tpot_target`, in seconds); round-trips through `environment()`; a value that is not
+    a number, or a target for a policy without the guard, is a clear error at start-up."""
+    from adaptive_spec.integrations.vllm.controller import SLO_TPOT_ENV
+
+    settings = ControllerSettings.from_environment({POLICY_ENV: "goodput", SLO_TPOT_ENV: "450"})
+    assert settings.slo_tpot == 450.0
+    assert ControllerSettings.from_environment(settings.environment()) == settings
+    assert settings.build()[0].config.tpot_target == pytest.approx(0.45)
+    assert ControllerSettings("goodput").build()[0].config.tpot_target is None
+    with pytest.raises(ValueError, match="must be a number of milliseconds"):
+        ControllerSettings.from_environment({SLO_TPOT_ENV: "fast"})
+    with pytest.raises(ValueError, match="no latency guard"):
+        ControllerSettings("static:2", slo_tpot=400).build()

@@ -54,7 +54,7 @@ from ...assets import encode_prompt
 from ...control.cost_model import CostModel
 from ...control.online_cost import learned_summary, print_learned, resolve_kind
 from ...control.price_sweep import sweep_summary, with_sweep
-from ...control.registry import make_policy
+from ...control.registry import make_policy, with_tpot_target
 from ...profiling.profile_file import load_profile
 from ...results.comparisons import compare, format_intervals, rotated
 from ...results.result_file import result_document, save_result
@@ -189,8 +189,8 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
     rows = []
     for temperature in temperatures:
         kind = resolve_kind(getattr(args, "cost_model", None), bool(getattr(args, "save_learned", None)))
-        calibrate = getattr(args, "calibrate", 0.0)
-        controllers = {c: _controller(c, _lane_profile(c, args), kind, calibrate) for c in configs}
+        calibrate, slo_tpot = getattr(args, "calibrate", 0.0), getattr(args, "slo_tpot", 0.0)
+        controllers = {c: _controller(c, _lane_profile(c, args), kind, calibrate, slo_tpot) for c in configs}
         for config, controller in controllers.items():
             if controller is not None and getattr(args, "save_steps", None):
                 controller.step_log, controller.log_label = [], {"config": config, "temperature": temperature}
@@ -290,13 +290,14 @@ def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> 
 
 
 def _controller(config: str, profile: str | None = None, cost_model: str | None = None,
-                calibrate: float = 0.0) -> SpecController | None:
+                calibrate: float = 0.0, slo_tpot: float = 0.0) -> SpecController | None:
     if config == "vllm-off":
         return None
     if config.startswith("vllm-"):
         return SpecController(make_policy("off"))  # vLLM chooses; this one only counts acceptance
     name = config.partition("@")[0]
     policy, model = ControllerSettings(name, profile, cost_model).build()  # as the plug-in builds it in a server
+    policy = with_tpot_target(policy, slo_tpot, only_goodput=True)
     return SpecController(with_sweep(policy, calibrate, only_cost_readers=True), model)
 
 

@@ -44,7 +44,7 @@ from ...control.online_cost import cost_model_for, resolve_kind
 from ...control.policy import (AcceptanceHistory, Policy, PolicyBase, PolicyError, RequestOutcome, RequestView,
                                StepRecord, adopt_stop_rule, ask_stop_rule, choose_ks)
 from ...control.price_sweep import with_sweep
-from ...control.registry import make_policy
+from ...control.registry import make_policy, with_tpot_target
 from ...control.step_timing import (MIN_TIMED_CATCH_UP, STOP_MAX_BATCH, cell_equivalent, fits_any_step,
                                     mixed_step_seconds, whole_step_record)
 
@@ -53,6 +53,7 @@ PROFILE_ENV = "ADAPTIVE_SPEC_VLLM_PROFILE"
 COST_MODEL_ENV = "ADAPTIVE_SPEC_VLLM_COST_MODEL"
 SAVE_LEARNED_ENV = "ADAPTIVE_SPEC_VLLM_SAVE_LEARNED"
 CALIBRATE_ENV = "ADAPTIVE_SPEC_VLLM_CALIBRATE"
+SLO_TPOT_ENV = "ADAPTIVE_SPEC_VLLM_SLO_TPOT"
 SAVE_EVERY = 256  # newly learned steps between writes of the learned cost state
 DEFAULT_POLICY = "goodput"
 # Drafting steps in a row whose drafter never asked the stop rule before the controller stops
@@ -72,7 +73,8 @@ class ControllerSettings:
     `control.online_cost`) and `ADAPTIVE_SPEC_VLLM_SAVE_LEARNED` (a file the shared model's learned
     state is written to every `SAVE_EVERY` timed steps and at exit; implies shared) and
     `ADAPTIVE_SPEC_VLLM_CALIBRATE` (seconds of a start-up sweep of draft lengths on the first traffic,
-    `control.price_sweep`; unset or 0 = none).
+    `control.price_sweep`; unset or 0 = none) and `ADAPTIVE_SPEC_VLLM_SLO_TPOT` (goodput's latency
+    guard, milliseconds per output token, `--slo-tpot`; unset or 0 = none).
     """
 
     policy: str = DEFAULT_POLICY
@@ -80,18 +82,15 @@ class ControllerSettings:
     cost_model: str | None = None  # None: cells, or shared when save_learned is set
     save_learned: str | None = None
     calibrate: float = 0.0  # seconds of start-up sweep (0: none)
+    slo_tpot: float = 0.0  # goodput's target milliseconds per output token (0: none)
 
     @classmethod
     def from_environment(cls, environ: dict | None = None) -> "ControllerSettings":
         environ = os.environ if environ is None else environ
         profile = environ.get(PROFILE_ENV) or None
-        calibrate = environ.get(CALIBRATE_ENV) or "0"
-        try:
-            seconds = float(calibrate)
-        except ValueError:
-            raise ValueError(f"{CALIBRATE_ENV} must be a number of seconds, got {calibrate!r}") from None
         return cls(environ.get(POLICY_ENV) or DEFAULT_POLICY, None if profile in (None, "none") else profile,
-                   environ.get(COST_MODEL_ENV) or None, environ.get(SAVE_LEARNED_ENV) or None, seconds)
+                   environ.get(COST_MODEL_ENV) or None, environ.get(SAVE_LEARNED_ENV) or None,
+                   _number(environ, CALIBRATE_ENV, "seconds"), _number(environ, SLO_TPOT_ENV, "milliseconds"))
 
     def environment(self) -> dict[str, str]:
         """The variables that reproduce these settings in a vLLM process."""
@@ -102,6 +101,8 @@ class ControllerSettings:
             env[SAVE_LEARNED_ENV] = self.save_learned
         if self.calibrate:
             env[CALIBRATE_ENV] = repr(float(self.calibrate))
+        if self.slo_tpot:
+            env[SLO_TPOT_ENV] = repr(float(self.slo_tpot))
         return env
 
     @property
@@ -137,7 +138,7 @@ class ControllerSettings:
         if self.calibrate < 0:
             raise ValueError(f"calibrate needs seconds >= 0, got {self.calibrate}")
         # a sweep for a policy that reads no costs is a clear error there
-        policy = with_sweep(make_policy(self.policy, cost_model), self.calibrate)
+        policy = with_sweep(with_tpot_target(make_policy(self.policy, cost_model), self.slo_tpot), self.calibrate)
         return policy, (built[0] if built else None)
 
     def saver(self, cost_model: CostModel | None) -> "LearnedStateSaver | None":
@@ -148,6 +149,14 @@ class ControllerSettings:
 
         prior = load_profile(self.profile) if self.profile is not None else None
         return LearnedStateSaver(cost_model, self.save_learned, prior)
+
+
+def _number(environ, name: str, unit: str) -> float:
+    text = environ.get(name) or "0"
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of {unit}, got {text!r}") from None
 
 
 class LearnedStateSaver:
