@@ -101,8 +101,8 @@ Latency guard (batch > 1, `_token_seconds_cap`): every row of a step waits for t
 row that drafts little pays for its neighbours' long drafts in time per token (the step's seconds
 over the tokens it emits). Goodput alone would make a chat request beside code requests slower per
 token than without speculation, at no gain to the batch's throughput that the row notices. So each
-option before drafting, each ending inside the step and each probe is held to a cap on every row's
-expected seconds per token: `tpot_target` seconds where set (`--slo-tpot`), else `latency_factor`
+option before drafting, each ending inside the step and each acceptance probe is held to a cap on
+every row's expected seconds per token (a price probe, one rare step, is not: see `_price_probe`): `tpot_target` seconds where set (`--slo-tpot`), else `latency_factor`
 times the step at K = 0 (where a row emits one token). Among the options within the cap the best
 goodput wins; where none is within it, the one whose slowest row is fastest. At batch 1 the cap never
 binds (the row's seconds per token are the inverse of the step's goodput, which the policy maximises
@@ -272,9 +272,11 @@ class GoodputPolicy(PolicyBase):
         self._cap = cap = self._token_seconds_cap(len(requests), costs[0])
         within = list(range(k_max + 1))
         if cap is not None:
-            # a catch-up as `options` charges it, spread over the drafting rows' remaining steps: it
-            # is paid once, and a row's time per token is its time over all its tokens
-            slowest = [_slowest_row(costs[k] + catch_up, rows, requests, expected, k)
+            # Tokens at the estimators' means: optimism explores, a bound must not lean on it. A
+            # catch-up counts as `options` charges it, spread over the drafting rows' remaining
+            # steps: it is paid once, and a row's time per token is its time over all its tokens.
+            means = [_expected_prefix(state.estimator.rates(k_max), k_max) for state in states]
+            slowest = [_slowest_row(costs[k] + catch_up, rows, requests, means, k)
                        for k, (_, rows, catch_up) in enumerate(options)]
             within = [k for k in within if slowest[k] <= cap] or [min(within, key=slowest.__getitem__)]
         best = max(within, key=self.last_goodput.__getitem__)
@@ -288,10 +290,11 @@ class GoodputPolicy(PolicyBase):
                 and self.last_goodput[best] <= self.last_goodput[current] * (1 + self.config.hysteresis)):
             best = current
         # a price probe times a length in one step: not one no row would draft, nor one whose rows must
-        # first catch up (that cost is paid in full for one step's evidence; acceptance probes resume them)
+        # first catch up (that cost is paid in full for one step's evidence; acceptance probes resume them).
+        # It may pass the latency guard's cap for that step: held to it, a batch never times the long
+        # lengths whose prices teach the shared model what drafting costs at this batch size.
         probe = self._price_probe(best, len(requests), k_max,
-                                  {k for k, (_, rows, catch_up) in enumerate(options)
-                                   if (k == 0 or (rows and not catch_up)) and k in within})
+                                  {k for k, (_, rows, catch_up) in enumerate(options) if k == 0 or (rows and not catch_up)})
         if probe != best:
             best = probe
             self.price_probes += 1
