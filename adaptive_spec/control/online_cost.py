@@ -54,7 +54,7 @@ Any step (`fits_any_step`). A host's step need not be a cell: vLLM's rows verify
 drafted a step before while drafting others (`StepRecord.drafting`), ragged, with drafts dropped
 inside the step. A step timed as a whole is one row whose features are those of each side priced
 as the host prices it (a ragged side: K = 0's features plus each length's drafting share of the
-increment to its cell, `drafting_share`) averaged over the two sides, with the draft positions
+increment to its cell, `drafting_share`) weighed over the two sides (`CostModel.drafting_weight`), with the draft positions
 run standing for dropped drafts; so every step teaches, none is discarded. An untimed step (time 0)
 teaches nothing and does not age what was learned.
 
@@ -415,9 +415,9 @@ class SharedCostModel(CostModel):
         """Features of any step from the lengths its rows verified (`outcomes[i].k`) and, where the
         host drafts other lengths in the same step (vLLM's one-step lag, `StepRecord.drafting`),
         those: uniform, ragged, lag-mismatched and stopped steps alike, none set aside. A
-        lag-mismatched step costs the mean of its two sides' steps (it verifies one length and
-        drafts another, where a profiled whole step does both at one), as the controller and the
-        simulator price it (`step_timing.mixed_step_seconds`)."""
+        lag-mismatched step costs its two sides' steps weighed by `drafting_weight` (it verifies one
+        length and drafts another, where a profiled whole step does both at one), as the controller
+        and the simulator price it (`step_timing.mixed_step_seconds`)."""
         verified = [int(o.k) for o in getattr(record, "outcomes", ())] or [int(record.batch_k)] * b
         drafting = [int(k) for k in getattr(record, "drafting", ())]
         if not drafting:
@@ -425,7 +425,8 @@ class SharedCostModel(CostModel):
         run = max(int(getattr(record, "draft_positions", 0) or 0), max(drafting))  # forwards the draft ran
         if run > max(drafting) and not self.has_draft:  # a whole-step shape prices a dropped draft's
             drafting = [run if k == max(drafting) else k for k in drafting]  # forward as a longer step
-        return (self._side_features(b, c, verified, max(verified)) + self._side_features(b, c, drafting, run)) / 2
+        weight = self.drafting_weight(b)
+        return (1 - weight) * self._side_features(b, c, verified, max(verified)) + weight * self._side_features(b, c, drafting, run)
 
     def _forget(self) -> None:
         lam = self.forgetting

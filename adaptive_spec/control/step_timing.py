@@ -49,11 +49,14 @@ def fits_any_step(cost_model: object) -> bool:
 
 def mixed_step_seconds(cost_model: CostModel, batch: int, context: float, verified: Sequence[int],
                        drafting: Sequence[int]) -> float:
-    """A step that verified `verified` (per row) and drafts `drafting` for the next: the mean of the
-    two sides' steps (`CostModel.ragged_step_seconds`), since a profiled whole step verifies and
-    drafts one length. The same lists give that step itself."""
-    return (cost_model.ragged_step_seconds(batch, context, verified)
-            + cost_model.ragged_step_seconds(batch, context, drafting)) / 2
+    """A step that verified `verified` (per row) and drafts `drafting` for the next: the two sides'
+    steps (`CostModel.ragged_step_seconds`) weighed by the cost model's `drafting_weight` (a profiled
+    whole step verifies and drafts one length). The same lists give that step itself."""
+    if list(verified) == list(drafting):
+        return cost_model.ragged_step_seconds(batch, context, verified)
+    weight = cost_model.drafting_weight(batch)
+    return ((1 - weight) * cost_model.ragged_step_seconds(batch, context, verified)
+            + weight * cost_model.ragged_step_seconds(batch, context, drafting))
 
 
 def cell_equivalent(cost_model: CostModel | None, batch: int, context: float, verified: Sequence[int],

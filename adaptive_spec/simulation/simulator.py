@@ -31,7 +31,7 @@ Loop (mirrors `SpecEngine.step`):
 drafts a row proposes in step t are verified in step t + 1, so each step verifies the lengths
 chosen one step before (clamped to what the row still needs) while the draft proposes the lengths
 chosen now; the first step verifies nothing and each row's history records the lag. A step with
-both sides costs the mean of the two sides' ragged prices (`step_timing.mixed_step_seconds`: the
+both sides costs the two sides' ragged prices weighed by `CostModel.drafting_weight` (`step_timing.mixed_step_seconds`: the
 draft forwards follow this step's lengths, the verify the last step's); a ragged step (rows at
 different k) costs `CostModel.ragged_step_seconds`. The plug-in stops drafts inside the step, by
 default only in steps of one request (`VLLM_STOP_MAX_BATCH`; a vLLM profile times whole steps, so
@@ -179,7 +179,7 @@ def _step_seconds(clock: _Clock, b: int, context: int, verified: list[int], draf
     """(draft, verify, total) seconds of a step. Our engine (`ragged` False): the (b, max verified)
     cell after a draft loop of `positions` forwards. The vLLM plug-in: its tokens' cost, a ragged
     step by the profile's ragged shares; with its one-step lag (`drafting`: the lengths drafted
-    for the next step) the mean of the two sides' steps (`step_timing.mixed_step_seconds`); a
+    for the next step) the two sides' steps weighed as `step_timing.mixed_step_seconds` weighs them; a
     draft dropped past the kept lengths cost its forward, priced in a whole-step profile as the
     increment of a longer step."""
     batch_k = max(verified)
