@@ -54,7 +54,8 @@ def mixed_step_seconds(cost_model: CostModel, batch: int, context: float, verifi
     whole step verifies and drafts one length). The same lists give that step itself."""
     if list(verified) == list(drafting):
         return cost_model.ragged_step_seconds(batch, context, verified)
-    weight = cost_model.drafting_weight(batch)
+    weighing = getattr(cost_model, "drafting_weight", None)  # a cost model of one's own may not say: the mean
+    weight = weighing(batch) if weighing is not None else 0.5
     return ((1 - weight) * cost_model.ragged_step_seconds(batch, context, verified)
             + weight * cost_model.ragged_step_seconds(batch, context, drafting))
 
