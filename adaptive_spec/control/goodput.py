@@ -102,8 +102,9 @@ row that drafts little pays for its neighbours' long drafts in time per token (t
 over the tokens it emits). Goodput alone would make a chat request beside code requests slower per
 token than without speculation, at no gain to the batch's throughput that the row notices. So each
 option before drafting, each ending inside the step and each acceptance probe is held to a cap on
-every row's expected seconds per token (a price probe, one rare step, is not: see `_price_probe`): `tpot_target` seconds where set (`--slo-tpot`), else `latency_factor`
-times the step at K = 0 (where a row emits one token). Among the options within the cap the best
+every row's expected seconds per token: `tpot_target` seconds where set (`--slo-tpot`), else
+`latency_factor` times the step at K = 0 (where a row emits one token). A price probe, one rare
+step, may pass it (see `choose`). Among the options within the cap the best
 goodput wins; where none is within it, the one whose slowest row is fastest. At batch 1 the cap never
 binds (the row's seconds per token are the inverse of the step's goodput, which the policy maximises
 already). The cap is on the decode step as the cost model prices it: a step that prefills a prompt
@@ -367,11 +368,15 @@ class GoodputPolicy(PolicyBase):
         The forwards run so far are paid whatever J is."""
         top = min(max(row.limit for row, _ in shown), len(self._costs) - 1)
         fixed = sum(row.expected for row in self._step if not row.drafting) + sum(row.expected for row, _ in shown)
-        # added[e]: expected tokens the shown rows add by keeping e drafts from `position` on.
+        # added[e]: expected tokens the shown rows add by keeping e drafts from `position` on;
+        # least[e]: the fewest tokens any row of the step then expects (for the latency guard).
         added = [0.0] * (max(top - position, 0) + 1)
+        still = {id(row) for row, _ in shown}
+        least = [min([row.expected for row in self._step if id(row) not in still], default=math.inf)] * len(added)
         for row, survival in shown:
             rates, last, limit = row.rates, len(row.rates) - 1, row.limit
             total, survive = 0.0, survival
+            least[0] = min(least[0], row.expected)
             for e in range(1, len(added)):
                 j = position + e - 1  # the draft this adds
                 if j < limit:
@@ -379,6 +384,7 @@ class GoodputPolicy(PolicyBase):
                         survive *= rates[j if j < last else last]
                     total += survive
                 added[e] += total
+                least[e] = min(least[e], row.expected + total)
         # A probe drafting on keeps the step's verify at least that long: shorter endings save nothing.
         floor = max([row.probe_k for row in self._step if row.drafting and row.probe_k > position], default=0)
         cost = [self._step_cost(position, max(position + e, floor)) for e in range(len(added))]
@@ -388,28 +394,10 @@ class GoodputPolicy(PolicyBase):
             value = [(fixed + gain) / max(seconds, 1e-12) for gain, seconds in zip(added, cost)]
         endings = range(len(value))
         if self._cap is not None:  # the latency guard: every row's seconds per token within the cap
-            least = self._least_emitted(position, shown, len(added))
             slowest = [seconds / tokens for seconds, tokens in zip(cost, least)]
             endings = [e for e in endings if slowest[e] <= self._cap] or [min(endings, key=slowest.__getitem__)]
         best = max(endings, key=value.__getitem__)
         return False if best == 0 else KEEP_LAST if best == 1 else True
-
-    def _least_emitted(self, position: int, shown: list[tuple[_Row, float]], endings: int) -> list[float]:
-        """Per ending e (as in `_best_ending`): the fewest tokens any row of the step expects to emit."""
-        still = {id(row) for row, _ in shown}
-        floor = min([row.expected for row in self._step if id(row) not in still], default=math.inf)
-        least = [floor] * endings
-        for row, survival in shown:
-            rates, last, total, survive = row.rates, len(row.rates) - 1, row.expected, survival
-            least[0] = min(least[0], total)
-            for e in range(1, endings):
-                j = position + e - 1
-                if j < row.limit:
-                    if j > position:
-                        survive *= rates[j if j < last else last]
-                    total += survive
-                least[e] = min(least[e], total)
-        return least
 
     def _options_pay(self) -> bool:
         return self.config.option_stopping and self._costs[0] >= self.config.option_min_step_seconds
