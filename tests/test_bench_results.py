@@ -79,3 +79,29 @@ def test_simulate_save_writes_per_request_figures(tmp_path, capsys):
         assert abs(sum(p["seconds"] for p in run["prompts"]) - run["simulated_seconds"]) < 1e-3
     goodput = saved["intervals"]["all"]["goodput"]
     assert goodput["to_best_static"]["reference"] in ("off", "static:2") and goodput["prompts"] == 6
+
+
+def test_closed_loop_tpot_counts_a_requests_own_steps_after_its_first(tiny_model_dirs, tmp_path, capsys, monkeypatch):
+    """TPOT in the closed loop: per request, the whole time of its configuration's steps after its
+    first, over the tokens they emitted. With a clock that makes every step take 1 s and no
+    speculation (one token a step after the step that prefills), it is exactly 1000 ms. Control:
+    the target drafting for itself 2 a step (every draft accepted at t = 0) emits up to 3 tokens a
+    step, so its TPOT falls below 1000 ms."""
+    import types
+
+    import adaptive_spec.cli.bench as bench
+
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    target, _, _ = tiny_model_dirs
+    prompts = [option for text in PROMPTS for option in ("--prompt", text)]
+    out = tmp_path / "run.json"
+    assert main(["bench", "--target", target, "--draft", target, *prompts, "--batch-size", "2", "--policies",
+                 "off,static:2", "--temperatures", "0", "--max-new-tokens", "6", "--no-chat",
+                 "--save", str(out)]) == 0
+    assert "TPOT99" in capsys.readouterr().out
+    off, static = load_result(out)["runs"]
+    several = [p for p in off["prompts"] if p["tokens"] > 2]  # one done in its first step has no TPOT
+    assert several and all(p["tpot_ms"] == 1000.0 for p in several) and off["tpot_p99_ms"] == 1000.0
+    assert sum(p["accepted"] for p in static["prompts"]) > 0
+    assert static["tpot_p99_ms"] < 1000.0

@@ -25,8 +25,9 @@ Regimes:
   --batch-size B: a closed loop per configuration: B requests in flight in the engine (continuous
     batching), each finished one replaced by the next of the stream; configurations interleaved step
     by step. tokens/s = generated tokens / the configuration's summed step time. Per workload, a
-    step's time is split evenly over the requests it served. Hugging Face's `generate` cannot join
-    and leave requests mid-batch, so its baselines are skipped.
+    step's time is split evenly over the requests it served. TPOT p50 / p99 (ms): per request, the
+    whole time of its configuration's steps after its first, over the tokens they emitted.
+    Hugging Face's `generate` cannot join and leave requests mid-batch, so its baselines are skipped.
 
 Order: at batch 1 prompt i runs the configurations rotated by i (prompt 1: A B C, prompt 2: B C A,
 ...), and in the closed loop round r of steps starts at configuration r mod n, so each is first and
@@ -53,6 +54,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -137,6 +139,9 @@ class Tally:
     tokens: int = 0
     seconds: float = 0.0
     results: list = field(default_factory=list)  # engine results, for acceptance figures
+    # Closed loop: each request's seconds per output token after its first step (TPOT), over the
+    # steps of its own configuration it was in (the configurations' steps interleave; each is timed alone).
+    tpots: list = field(default_factory=list)
 
 
 def run_bench(args) -> int:
@@ -328,6 +333,7 @@ class EngineLane:
         self.steps: list[list] = []  # [batch, K, longest context, measured seconds] per engine step
         self._record_steps()
         self._seconds: dict[int, float] = {}  # closed loop: each request's share of its steps' time
+        self._decoding: dict[int, list] = {}  # ... and [whole seconds, tokens] of its steps after its first
         self.peak_batch = 0  # most requests one step served
         self._stream: list[Arrival] = []
         self._next = self._in_flight = 0
@@ -374,12 +380,24 @@ class EngineLane:
         served = {output.request_id for output in outputs}
         self.peak_batch = max(self.peak_batch, len(served))
         for request_id in served:
-            self._tally(self._stream[int(request_id)]).seconds += seconds / len(served)
-            self._seconds[int(request_id)] = self._seconds.get(int(request_id), 0.0) + seconds / len(served)
+            index = int(request_id)
+            self._tally(self._stream[index]).seconds += seconds / len(served)
+            self._seconds[index] = self._seconds.get(index, 0.0) + seconds / len(served)
+        for output in outputs:
+            # its first step prefilled it and emitted its first tokens; each later one it waits for whole
+            decoding = self._decoding.get(int(output.request_id))
+            if decoding is None:
+                self._decoding[int(output.request_id)] = [0.0, 0]
+            else:
+                decoding[0], decoding[1] = decoding[0] + seconds, decoding[1] + len(output.new_token_ids)
         finished = [output for output in outputs if output.finished]
         for output in finished:
             index = int(output.request_id)
-            self._finish(self._stream[index], output.result, self._seconds.pop(index, 0.0))
+            tally = self._finish(self._stream[index], output.result, self._seconds.pop(index, 0.0))
+            decoding, tokens = self._decoding.pop(index, [0.0, 0])
+            if tokens:
+                tally.tpots.append(decoding / tokens)
+                self.prompts[-1]["tpot_ms"] = round(1000 * decoding / tokens, 3)
             self._in_flight -= 1
         return len(finished)
 
@@ -426,7 +444,8 @@ def _rows(lanes: dict, temperature: float, workloads: list[str], batch_size: int
     for name, lane in lanes.items():
         tallies = [lane.tallies.get(w, Tally()) for w in workloads]
         merged = Tally(sum(t.requests for t in tallies), sum(t.tokens for t in tallies),
-                       sum(t.seconds for t in tallies), [r for t in tallies for r in t.results])
+                       sum(t.seconds for t in tallies), [r for t in tallies for r in t.results],
+                       [x for t in tallies for x in t.tpots])
         row = {"config": name, "temperature": temperature, **_figures(merged),
                "workloads": {w: _figures(t) for w, t in zip(workloads, tallies)}}
         if batch_size > 1:
@@ -455,6 +474,8 @@ def _figures(tally: Tally) -> dict:
     if tally.results:
         stats = summarize(tally.results, tally.seconds)
         figures.update(acceptance_rate=stats["acceptance_rate"], mean_acceptance_length=stats["mean_acceptance_length"])
+    if tally.tpots:
+        figures.update({f"tpot_p{q}_ms": round(1000 * float(np.percentile(tally.tpots, q)), 2) for q in (50, 99)})
     return figures
 
 
@@ -481,7 +502,7 @@ def _add_ratios(rows: list[dict], static: set[str]) -> dict[str, str]:
 
 def _print_table(rows: list[dict], workloads: list[str]) -> None:
     header = (f"{'temp':>5} {'config':<14} {'workload':<10} {'tokens':>7} {'sec':>8} {'tok/s':>8} {'x hf':>6} "
-              f"{'x stat':>6} {'accept':>7} {'len':>6}")
+              f"{'x stat':>6} {'accept':>7} {'len':>6} {'TPOT50':>7} {'TPOT99':>7}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -490,11 +511,12 @@ def _print_table(rows: list[dict], workloads: list[str]) -> None:
             print(f"{r['temperature'] if label == 'all' else '':>5} {r['config'] if label == 'all' else '':<14} "
                   f"{label:<10} {f['tokens']:>7} {f['seconds']:>8.2f} {_cell(f['tokens_per_s'], 8)} "
                   f"{_cell(f.get('ratio_to_hf_plain'), 6)} {_cell(f.get('ratio_to_best_static'), 6)} "
-                  f"{_cell(f.get('acceptance_rate'), 7)} {_cell(f.get('mean_acceptance_length'), 6)}")
+                  f"{_cell(f.get('acceptance_rate'), 7)} {_cell(f.get('mean_acceptance_length'), 6)} "
+                  f"{_cell(f.get('tpot_p50_ms'), 7, 0)} {_cell(f.get('tpot_p99_ms'), 7, 0)}")
 
 
-def _cell(value, width: int) -> str:
-    return f"{value:>{width}.2f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+def _cell(value, width: int, digits: int = 2) -> str:
+    return f"{value:>{width}.{digits}f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
 
 
 def round_robin(queues: list[list]) -> list:
