@@ -22,7 +22,6 @@ import json
 import sys
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 
 from ..control.online_cost import cost_model_for
