@@ -371,6 +371,7 @@ class GoodputPolicy(PolicyBase):
         # added[e]: expected tokens the shown rows add by keeping e drafts from `position` on;
         # least[e]: the fewest tokens any row of the step then expects (for the latency guard).
         added = [0.0] * (max(top - position, 0) + 1)
+        # the rows of the step outside `shown` (stopped ones, and probes still protected) expect what they kept
         still = {id(row) for row, _ in shown}
         least = [min([row.expected for row in self._step if id(row) not in still], default=math.inf)] * len(added)
         for row, survival in shown:
