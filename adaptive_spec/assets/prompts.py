@@ -66,12 +66,14 @@ _HUMAN_ROLES = ("human", "user")
 
 @dataclass(frozen=True)
 class Prompt:
-    """One workload prompt: either chat ``messages`` or a plain ``text`` (exactly one set)."""
+    """One workload prompt: either chat ``messages`` or a plain ``text`` (exactly one set), and
+    optionally the JSON schema its answer must match (as OpenAI's ``response_format`` carries one)."""
 
     id: str
     messages: list[dict] | None
     text: str | None
     source: str
+    json_schema: dict | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.text is None):
@@ -267,9 +269,10 @@ def load_jsonl(path: str | os.PathLike) -> list[Prompt]:
     """Load prompts from a JSONL file, one record per line.
 
     A record is ``{"prompt": "..."}`` or ``{"messages": [{"role": ..., "content": ...}, ...]}``
-    with an optional ``"id"`` (string or integer; default ``<file stem>:<line number>``).
-    Blank lines are skipped.  A malformed line raises ``PromptFileError`` naming the file,
-    the line number and the problem; a file with no records is an error too.
+    with an optional ``"id"`` (string or integer; default ``<file stem>:<line number>``) and an
+    optional ``"json_schema"`` (an object: the answer must match it). Blank lines are skipped.
+    A malformed line raises ``PromptFileError`` naming the file, the line number and the problem;
+    a file with no records is an error too.
     """
     path = Path(path)
     try:
@@ -298,13 +301,16 @@ def load_jsonl(path: str | os.PathLike) -> list[Prompt]:
         if rid in id_lines:
             raise PromptFileError(f"{where}: duplicate id {rid!r} (first on line {id_lines[rid]})")
         id_lines[rid] = lineno
+        schema = rec.get("json_schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise PromptFileError(f"{where}: \"json_schema\" must be a JSON object, got {type(schema).__name__}")
         if has_prompt:
             if not isinstance(rec["prompt"], str) or not rec["prompt"]:
                 raise PromptFileError(f"{where}: \"prompt\" must be a non-empty string")
-            prompts.append(Prompt(id=rid, messages=None, text=rec["prompt"], source=str(path)))
+            prompts.append(Prompt(id=rid, messages=None, text=rec["prompt"], source=str(path), json_schema=schema))
         else:
             msgs = _check_messages(rec["messages"], where)
-            prompts.append(Prompt(id=rid, messages=msgs, text=None, source=str(path)))
+            prompts.append(Prompt(id=rid, messages=msgs, text=None, source=str(path), json_schema=schema))
     if not prompts:
         raise PromptFileError(f"{path}: no prompts (the file is empty)")
     return prompts

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import platform
@@ -67,10 +68,11 @@ from ..results.result_file import add_save_option, result_document, save_result
 from ..control.policy import StaticPolicy
 from ..engine import SpecEngine
 from .common import (add_learning_options, add_model_options, add_prompt_options, add_structured_options,
-                     cost_model_kind, draft_precision, encode_all, gather_mix, gather_prompts, grammar_from_args,
+                     cost_model_kind, draft_precision, encode_all, gather_mix, gather_prompts, prompt_grammars,
                      load_models, parse_mix, policy_factory, print_json_line, save_learned, stop_ids, summarize)
 from ..integrations.vllm.bench import DEFAULT_CONFIGS as VLLM_DEFAULT_CONFIGS
 from ..integrations.vllm.bench import add_vllm_bench_options, run_vllm_bench
+from ..sampling.grammar import Grammar
 from ..sampling.params import SamplingParams
 
 DEFAULT_POLICIES = "off,static:1,static:2,static:3,static:4,static:5,static:6"
@@ -129,6 +131,7 @@ class Arrival:
     seed: int
     prompt_index: int = 0  # place in one pass: what intervals pair configurations on
     repeat: int = 0
+    grammar: Grammar | None = None  # what its output must match (None: free text)
 
 
 @dataclass
@@ -150,23 +153,25 @@ def run_bench(args) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     mix = parse_mix(args.mix) if args.mix else None
-    if mix is None and not (args.prompt or args.prompts or args.humaneval or args.sharegpt):
+    if mix is None and not (args.prompt or args.prompts or args.humaneval or args.sharegpt or args.structured):
         args.humaneval, args.sharegpt = 3, 3
     if mix:
         labelled = round_robin([[(name, prompt) for prompt in prompts] for name, prompts in gather_mix(args, mix)])
     else:
         labelled = [("prompts" if p.source == args.prompts else p.source, p) for p in gather_prompts(args)]
-    grammar = grammar_from_args(args)  # a malformed one fails before any model loads
+    grammars = prompt_grammars(args, [p for _, p in labelled])  # a malformed one fails before any model loads
+    structured = _structured(args, grammars)
     if args.engine == "vllm":
-        if grammar is not None:
-            raise ValueError("structured output in bench runs our engine (--engine hf); through vLLM, send "
-                             "response_format to a server (bench --url)")
+        if any(g is not None and g.kind != "json_schema" for g in grammars):
+            raise ValueError("bench --engine vllm holds requests to JSON schemas (--json-schema, --json or the "
+                             "prompts' own); for regex, choice and grammar use --engine hf")
+        args.structured_label = structured
         cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads
         if args.batch_size != 1:
             raise ValueError("--batch-size is for --engine hf; with --engine vllm, load the engine with --rate R")
         if args.policies == DEFAULT_POLICIES:
             args.policies = VLLM_DEFAULT_CONFIGS
-        prompts = [p for _, p in labelled]
+        prompts = [_with_schema(p, g) for (_, p), g in zip(labelled, grammars)]
         return run_vllm_bench(args, prompts if mix else _interleave_sources(prompts))
     if args.save_steps:
         raise ValueError("--save-steps logs the steps of the vLLM scheduler plug-in (--engine vllm)")
@@ -175,16 +180,16 @@ def run_bench(args) -> int:
         load_profile(start)  # a missing or corrupt POLICY@FILE fails now, too
     loaded = load_models(args)
     encoded = encode_all([p for _, p in labelled], loaded.tokenizer, chat=not args.no_chat)
-    one_pass = list(zip(labelled, encoded))
-    stream = [Arrival(repeat * len(one_pass) + i, workload, prompt.id, ids, args.seed + repeat * len(one_pass) + i, i, repeat)
-              for repeat in range(args.repeats) for i, ((workload, prompt), ids) in enumerate(one_pass)]
+    one_pass = list(zip(labelled, encoded, grammars))
+    stream = [Arrival(repeat * len(one_pass) + i, workload, prompt.id, ids, args.seed + repeat * len(one_pass) + i, i,
+                      repeat, grammar)
+              for repeat in range(args.repeats) for i, ((workload, prompt), ids, grammar) in enumerate(one_pass)]
     workloads = list(dict.fromkeys(a.workload for a in stream))
     stops = stop_ids(loaded.tokenizer, loaded.target)
     temperatures = [float(t) for t in args.temperatures.split(",")]
     hf_configs = ["hf-plain"] + (["hf-assisted", "hf-heuristic"] if loaded.draft_model is not None else [])
     configs = [] if args.no_hf else hf_configs
-    args.constraint = None if grammar is None else grammar.constraint(loaded.tokenizer, loaded.target.config.vocab_size)
-    if configs and grammar is not None:
+    if configs and structured:
         print(f"[structured output: Hugging Face generate has no grammar here; skipping {', '.join(configs)}]",
               file=sys.stderr)
         configs = []
@@ -237,7 +242,7 @@ def run_bench(args) -> int:
                      "draft_dtype": draft_precision(args), "prompts": [a.prompt_id for a in stream],
                      "workloads": [a.workload for a in stream], "mix": dict(mix) if mix else None,
                      "max_new_tokens": args.max_new_tokens, "top_p": args.top_p, "batch_size": args.batch_size,
-                     "structured": _structured(args),
+                     "structured": structured,
                      "repeats": args.repeats},
         "runs": rows,
         # temperature -> config -> ratios to the best static configuration and to off, with paired
@@ -328,6 +333,7 @@ class EngineLane:
         self.static = isinstance(self.policy, StaticPolicy)
         self.engine = SpecEngine(loaded.target, _own_drafter(loaded), policy=self.policy,
                                  max_batch_size=args.batch_size, seed=args.seed)
+        self.tokenizer, self.vocab_size = loaded.tokenizer, loaded.target.config.vocab_size
         self.tallies: dict[str, Tally] = {}
         self.prompts: list[dict] = []  # per-prompt figures (see _prompt_record)
         self.steps: list[list] = []  # [batch, K, longest context, measured seconds] per engine step
@@ -403,9 +409,11 @@ class EngineLane:
 
     # --- helpers -----------------------------------------------------------------------------
     def _params(self, arrival: Arrival) -> SamplingParams:
+        # compiled once per (grammar, tokenizer) and cached; each request gets its own matcher
+        constraint = None if arrival.grammar is None else arrival.grammar.constraint(self.tokenizer, self.vocab_size)
         return SamplingParams(temperature=self.temperature, top_p=self.args.top_p if self.temperature > 0 else 1.0,
                               max_new_tokens=self.args.max_new_tokens, seed=arrival.seed, stop_token_ids=self.stops,
-                              constraint=getattr(self.args, "constraint", None))
+                              constraint=constraint)
 
     def _tally(self, arrival: Arrival) -> Tally:
         return self.tallies.setdefault(arrival.workload, Tally())
@@ -420,7 +428,8 @@ class EngineLane:
         stats = result.stats
         self.prompts.append(_prompt_record(arrival, len(result.token_ids), seconds, drafted=stats.drafted,
                                            accepted=stats.accepted, k_per_step=list(stats.k_per_step),
-                                           accepted_per_step=list(stats.accepted_per_step)))
+                                           accepted_per_step=list(stats.accepted_per_step), masks=stats.masks,
+                                           mask_seconds=round(stats.mask_seconds, 6)))
         return tally
 
 
@@ -460,12 +469,22 @@ def _rows(lanes: dict, temperature: float, workloads: list[str], batch_size: int
     return rows
 
 
-def _structured(args) -> str | None:
-    """Which structured-output option constrained every request, as typed (None: free text)."""
+def _structured(args, grammars: list) -> str | None:
+    """What constrained the requests: the option as typed, or how many prompts carried their own
+    schema (None: free text, --free-text included)."""
     for option in ("json_schema", "regex", "choice", "grammar"):
         if getattr(args, option, None) is not None:
             return f"--{option.replace('_', '-')} {getattr(args, option)}"
-    return "--json" if getattr(args, "json", False) else None
+    if getattr(args, "json", False):
+        return "--json"
+    own = sum(g is not None for g in grammars)
+    return f"own json_schema ({own} of {len(grammars)} prompts)" if own else None
+
+
+def _with_schema(prompt, grammar):
+    """The prompt as vLLM's bench sends it: carrying the JSON schema its requests are held to."""
+    schema = None if grammar is None else json.loads(grammar.source)
+    return dataclasses.replace(prompt, json_schema=schema)
 
 
 def _figures(tally: Tally) -> dict:
@@ -474,6 +493,11 @@ def _figures(tally: Tally) -> dict:
     if tally.results:
         stats = summarize(tally.results, tally.seconds)
         figures.update(acceptance_rate=stats["acceptance_rate"], mean_acceptance_length=stats["mean_acceptance_length"])
+        masks, mask_seconds = sum(r.stats.masks for r in tally.results), sum(r.stats.mask_seconds for r in tally.results)
+        if masks:  # a grammar's cost: per mask computed, per token emitted, and its share of the time
+            figures.update(masks=masks, mask_ms_per_mask=round(1000 * mask_seconds / masks, 4),
+                           mask_ms_per_token=round(1000 * mask_seconds / max(tally.tokens, 1), 4),
+                           mask_share=round(mask_seconds / tally.seconds, 5) if tally.seconds > 0 else None)
     if tally.tpots:
         figures.update({f"tpot_p{q}_ms": round(1000 * float(np.percentile(tally.tpots, q)), 2) for q in (50, 99)})
     return figures

@@ -10,6 +10,7 @@ from typing import Sequence
 from pathlib import Path
 
 from ..assets import Prompt, encode_prompt, load_humaneval, load_jsonl, load_sharegpt
+from ..assets.structured import load_structured
 from ..control.policy import mean_acceptance_length
 from ..resources import data_dir
 from ..engine.request import GenerationResult
@@ -47,6 +48,9 @@ def add_prompt_options(parser: argparse.ArgumentParser, default_prompt: str | No
                        help="start --humaneval (and --mix humaneval:N) at problem I, e.g. to keep traces that "
                             "warm-start a policy apart from the prompts it is benchmarked on")
     group.add_argument("--sharegpt", type=int, default=0, metavar="N", help="N ShareGPT prompts, sampled by length")
+    group.add_argument("--structured", type=int, default=0, metavar="N",
+                       help="N prompts of the structured workload: HumanEval and ShareGPT texts, each to be "
+                            "described as JSON under its own schema (the answer is held to it)")
     group.add_argument("--no-chat", action="store_true", help="encode prompts as plain text, no chat template")
     parser.set_defaults(default_prompt=default_prompt)
 
@@ -71,10 +75,43 @@ def add_structured_options(parser: argparse.ArgumentParser) -> None:
     structured.add_argument("--choice", default=None, metavar="A,B,...", help="output exactly one of these strings")
     structured.add_argument("--grammar", metavar="FILE", default=None,
                             help="output matching this grammar (llguidance's Lark syntax, or GBNF)")
+    structured.add_argument("--free-text", action="store_true",
+                            help="ignore the JSON schemas prompts carry (--structured, json_schema in --prompts): "
+                                 "the same texts, unconstrained")
+
+
+def prompt_grammars(args, prompts: Sequence[Prompt]) -> list[Grammar | None]:
+    """Each prompt's grammar: the structured-output option for all, else the prompt's own
+    `json_schema`, else none (and none with --free-text). A malformed one fails here, before any
+    model loads; an option beside prompts with their own schemas is ambiguous, so it is refused."""
+    grammar = grammar_from_args(args)
+    own = [p for p in prompts if p.json_schema is not None]
+    if grammar is not None and own:
+        raise ValueError(f"{len(own)} prompt(s) carry their own json_schema (e.g. {own[0].id!r}) and a structured-"
+                         "output option asks for one grammar for all: drop the option, or give --free-text "
+                         "without it to run them unconstrained")
+    if grammar is not None or getattr(args, "free_text", False):
+        return [grammar] * len(prompts)
+    grammars = []
+    for prompt in prompts:
+        if prompt.json_schema is None:
+            grammars.append(None)
+            continue
+        try:
+            grammars.append(Grammar.json_schema(prompt.json_schema).checked())
+        except ValueError as error:
+            raise ValueError(f"prompt {prompt.id!r}: {error}") from None
+    return grammars
 
 
 def grammar_from_args(args) -> Grammar | None:
-    """The structured-output option given, if any; a missing or malformed file is a clear error."""
+    """The structured-output option given, if any, parsed by the grammar engine; a missing file or a
+    malformed schema, regex or grammar is a clear error before any model loads."""
+    grammar = _grammar_option(args)
+    return grammar.checked() if grammar is not None else None
+
+
+def _grammar_option(args) -> Grammar | None:
     if args.json_schema:
         return Grammar.json_schema(_read(args.json_schema, "--json-schema"))
     if args.json:
@@ -253,14 +290,16 @@ def gather_prompts(args) -> list[Prompt]:
         prompts += load["humaneval"](args.humaneval)
     if args.sharegpt:
         prompts += load["sharegpt"](args.sharegpt)
+    if getattr(args, "structured", 0):
+        prompts += load["structured"](args.structured)
     if not prompts and args.default_prompt:
         prompts.append(Prompt(id="default", messages=None, text=args.default_prompt, source="default"))
     if not prompts:
-        raise ValueError("no prompts: give --prompt, --prompts FILE.jsonl, --humaneval N or --sharegpt N")
+        raise ValueError("no prompts: give --prompt, --prompts FILE.jsonl, --humaneval N, --sharegpt N or --structured N")
     return prompts
 
 
-MIX_SOURCES = ("humaneval", "sharegpt", "prompts")
+MIX_SOURCES = ("humaneval", "sharegpt", "structured", "prompts")
 
 
 def parse_mix(text: str) -> list[tuple[str, int]]:
@@ -282,8 +321,8 @@ def parse_mix(text: str) -> list[tuple[str, int]]:
 def gather_mix(args, mix: list[tuple[str, int]]) -> list[tuple[str, list[Prompt]]]:
     """Each workload's prompts for `--mix`, read before any model loads. The mix replaces the other
     prompt options, so no prompt joins the stream unnamed; `--prompts FILE` joins only as `prompts:N`."""
-    if args.prompt or args.humaneval or args.sharegpt:
-        raise ValueError("--mix replaces --prompt, --humaneval and --sharegpt: give one or the other")
+    if args.prompt or args.humaneval or args.sharegpt or getattr(args, "structured", 0):
+        raise ValueError("--mix replaces --prompt, --humaneval, --sharegpt and --structured: give one or the other")
     counts = dict(mix)
     if "prompts" in counts and not args.prompts:
         raise ValueError("--mix prompts:N takes its prompts from --prompts FILE.jsonl, which is missing")
@@ -306,6 +345,7 @@ def _source_loaders(args) -> dict:
         raise ValueError(f"--humaneval-from must be >= 0, got {start}")
     return {"humaneval": lambda count: load_humaneval(limit=start + count)[start:],
             "sharegpt": lambda count: load_sharegpt(count, seed=args.seed, max_prompt_chars=2000),
+            "structured": lambda count: load_structured(count, humaneval_from=start, seed=args.seed),
             "prompts": lambda count: load_jsonl(args.prompts)[:count]}
 
 

@@ -12,7 +12,7 @@ from ..control import make_policy, with_tpot_target
 from ..control.price_sweep import sweep_summary, with_sweep
 from ..engine import SpecEngine
 from .common import (add_model_options, add_policy_options, add_prompt_options, add_sampling_options,
-                     add_structured_options, cost_model_kind, encode_all, gather_prompts, grammar_from_args,
+                     add_structured_options, cost_model_kind, encode_all, gather_prompts, prompt_grammars,
                      load_models, policy_factory, print_json_line, sampling_params, save_learned, stop_ids, summarize)
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring."
@@ -33,23 +33,25 @@ def add_generate_command(subparsers) -> None:
 def run_generate(args) -> int:
     prompts = gather_prompts(args)
     cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads
-    grammar = grammar_from_args(args)  # a malformed one fails before any model loads
+    grammars = prompt_grammars(args, prompts)  # a malformed one fails before any model loads
     loaded = load_models(args)
     tokenizer = loaded.tokenizer
     prompt_ids = encode_all(prompts, tokenizer, chat=not args.no_chat)
     params = sampling_params(args, stop_ids(tokenizer, loaded.target))
-    if grammar is not None:  # compiled once; each request gets its own matcher from it
-        params = dataclasses.replace(params, constraint=grammar.constraint(tokenizer, loaded.target.config.vocab_size))
+    # compiled once per grammar (cached); each request gets its own matcher from it
+    constraints = [None if grammar is None else grammar.constraint(tokenizer, loaded.target.config.vocab_size)
+                   for grammar in grammars]
     cost_model = policy_factory(args, loaded)
     policy = with_sweep(with_tpot_target(make_policy(args.policy, cost_model), args.slo_tpot), args.calibrate)
     engine = SpecEngine(loaded.target, loaded.draft, policy=policy, max_batch_size=args.max_batch_size,
                         seed=args.seed)
     stream = len(prompts) == 1
     results, errors = {}, {}
-    for index, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
+    for index, (prompt, ids, constraint) in enumerate(zip(prompts, prompt_ids, constraints)):
         request_id = prompt.id if prompt.id not in results and prompt.id not in errors else f"{prompt.id}-{index}"
         try:
-            engine.add_request(ids, dataclasses.replace(params, seed=args.seed + index), request_id)
+            engine.add_request(ids, dataclasses.replace(params, seed=args.seed + index, constraint=constraint),
+                               request_id)
             results[request_id] = None
         except ValueError as error:
             errors[request_id] = str(error)

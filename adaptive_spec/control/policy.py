@@ -104,6 +104,8 @@ class StepRecord:
     # verified (vLLM: the step verifies the previous choice and drafts the next); empty = each row's
     # verified drafts (`outcomes[i].drafted`), as in a host that verifies its own step's drafts.
     drafting: tuple[int, ...] = ()
+    # Of total_seconds, what the rows' constraint masks (grammars) took, drafted positions included.
+    mask_seconds: float = 0.0
 
 
 @runtime_checkable

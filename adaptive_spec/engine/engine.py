@@ -192,6 +192,7 @@ class SpecEngine:
         logits = kv.forward([r.prompt for r in requests], logits_to_keep=1)  # [rows, 1, vocab]
         sampler = StepSampler(requests, [0] * len(requests), self.vocab_size, self.device)
         verdict, errors = self._sample_final(sampler, logits, _no_draft(len(requests), self.device))
+        _count_masks(requests, sampler)
         return kv, verdict, errors
 
     def _choose_k(self) -> list[int]:
@@ -247,6 +248,7 @@ class SpecEngine:
             raise
         verdict, errors = self._sample_final(sampler, logits, draft)
         verify_seconds = time.perf_counter() - verify_started
+        _count_masks(self._running, sampler)
 
         # Commit. Nothing below raises for one request's sake: a failing row keeps the drafts
         # accepted before its failure (plain decoding had emitted them) and then fails alone.
@@ -272,6 +274,7 @@ class SpecEngine:
             draft_seconds=draft_seconds, verify_seconds=verify_seconds, total_seconds=time.perf_counter() - started,
             draft_positions=draft.positions if proposed else 0,
             draft_catchup_tokens=draft.catchup_tokens if proposed else 0,
+            mask_seconds=sum(sampler.mask_seconds),
         )
         try:
             self.policy.observe(record)
@@ -409,3 +412,10 @@ def _output(request: Request, new: list[int]) -> StepOutput:
 def _rejected(request_id: str, prompt: Iterable, message: str) -> GenerationResult:
     return GenerationResult(request_id, list(prompt) if isinstance(prompt, (list, tuple)) else [], [], "error",
                             message, RequestStats(0, 0, 0, (), ()))
+
+
+def _count_masks(requests: Sequence[Request], sampler: StepSampler) -> None:
+    """Add a step's constraint-mask work (drafting and verifying) to each request's tally."""
+    for request, masks, seconds in zip(requests, sampler.masks, sampler.mask_seconds):
+        request.masks += masks
+        request.mask_seconds += seconds

@@ -19,6 +19,7 @@ Every tensor a step creates lives on `device` (the target's), chosen once by the
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -73,6 +74,8 @@ class StepSampler:
         self._states: list[list] = [[r.constraint_state] for r in self.requests]
         self._masks: list[list[torch.Tensor]] = [[] for _ in self.requests]
         self._constraint_errors: dict[tuple[int, int], str] = {}  # (row, draft position) -> message
+        self.masks = [0] * len(self.requests)  # constraint masks computed per row this step, and their seconds
+        self.mask_seconds = [0.0] * len(self.requests)
         self.stop_error: str | None = None  # a policy's stop rule raised while drafting
 
     def probs(
@@ -174,6 +177,7 @@ class StepSampler:
                 continue
             mask = self.requests[row].allowed
             mask = mask.clone() if mask is not None else torch.ones(self.vocab_size, dtype=torch.bool)
+            started = time.perf_counter()
             try:
                 if j > 0:
                     states.append(constraint.advance(states[j - 1], int(drafts[row, j - 1]))
@@ -185,6 +189,9 @@ class StepSampler:
                 del states[j:]
                 states.append(_DEAD)
                 mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+            if constraint is not None:
+                self.masks[row] += 1
+                self.mask_seconds[row] += time.perf_counter() - started
             masks.append(mask)
         return masks[position]
 

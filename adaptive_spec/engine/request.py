@@ -23,6 +23,10 @@ class RequestStats:
     steps: int
     k_per_step: tuple[int, ...]
     accepted_per_step: tuple[int, ...]
+    # Constraint masks (a grammar's): how many the steps computed, drafted positions included, and
+    # the seconds they took (the constraint's own work: moving its state, building the mask).
+    masks: int = 0
+    mask_seconds: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -65,6 +69,8 @@ class Request:
     seen: torch.Tensor | None = None  # [vocab] bool, only with a repetition penalty
     allowed: torch.Tensor | None = None  # [vocab] bool from allowed_token_ids, or None
     history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
+    masks: int = 0  # constraint masks computed for it, and their seconds (see RequestStats)
+    mask_seconds: float = 0.0
     finish_reason: str | None = None
     error: str | None = None
 
@@ -81,6 +87,7 @@ class Request:
 
     def result(self) -> GenerationResult:
         h = self.history
-        stats = RequestStats(h.drafted, h.accepted, h.steps, tuple(h.k_per_step), tuple(h.accepted_per_step))
+        stats = RequestStats(h.drafted, h.accepted, h.steps, tuple(h.k_per_step), tuple(h.accepted_per_step),
+                             self.masks, self.mask_seconds)
         return GenerationResult(self.request_id, list(self.prompt), self.generated, self.finish_reason or "aborted",
                                 self.error, stats)

@@ -51,7 +51,7 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: dict | str) -> "Grammar":
-        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        text = schema if isinstance(schema, str) else json.dumps(schema)  # key order kept: it orders the output
         try:
             json.loads(text)
         except json.JSONDecodeError as error:
@@ -78,6 +78,15 @@ class Grammar:
     def lark(cls, text: str) -> "Grammar":
         """A grammar in llguidance's Lark syntax (GBNF is converted too)."""
         return cls("lark", text)
+
+    def checked(self) -> "Grammar":
+        """This grammar, once the grammar engine has parsed it without a tokenizer: a malformed
+        schema, regex or grammar raises GrammarError here, before any model loads."""
+        llguidance = _llguidance()
+        problem = llguidance.LLMatcher.validate_grammar(_grammar_text(llguidance, self))
+        if problem:
+            raise GrammarError(f"the {self.kind} grammar does not compile: {problem}")
+        return self
 
     def constraint(self, tokenizer, vocab_size: int | None = None) -> "GrammarConstraint":
         """This grammar for `tokenizer` (a Hugging Face fast tokenizer) and logits `vocab_size` wide

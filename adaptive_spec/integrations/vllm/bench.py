@@ -133,6 +133,7 @@ def run_vllm_bench(args, prompts) -> int:
     tokenizer = _tokenizer(base.target)
     prompt_ids = [encode_prompt(tokenizer, p, chat=not args.no_chat) for p in prompts]
     workloads = [p.source for p in prompts]
+    args.schemas = [p.json_schema for p in prompts]  # vLLM's structured outputs hold a request to its schema
     trace = _arrivals(args.rate, args.num_requests or len(prompt_ids), args.seed)
     rows = []
     if "vllm-off" in configs:
@@ -159,7 +160,8 @@ def run_vllm_bench(args, prompts) -> int:
         "settings": {"profile": _profile_path(args), "target": base.target, "drafter": base.drafter, "dtype": args.dtype, "max_k": max_k,
                      "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
                      "rate": args.rate, "requests": len(trace), "threads": args.threads, "seed": args.seed,
-                     "vllm_table": VLLM_TABLE, "repeats": args.repeats},
+                     "vllm_table": VLLM_TABLE, "repeats": args.repeats,
+                     "structured": getattr(args, "structured_label", None)},
         "runs": rows,
         "intervals": intervals,  # temperature -> config -> paired ratios (see the module docstring)
     }
@@ -185,7 +187,8 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
 
     scheduler = scheduler_of(llm) if configs != ["vllm-off"] else None
     _activate(scheduler, configs[0], _controller(configs[0]))
-    _run(llm, [prompt_ids[0][:16]], [0.0], 0.0, 4, 0)  # warm-up
+    schemas = getattr(args, "schemas", None) or [None] * len(prompt_ids)
+    _run(llm, [prompt_ids[0][:16]], [0.0], 0.0, 4, 0, schemas=schemas[:1])  # warm-up (a grammar compiles here)
     rows = []
     for temperature in temperatures:
         kind = resolve_kind(getattr(args, "cost_model", None), bool(getattr(args, "save_learned", None)))
@@ -206,18 +209,20 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
                         _activate(scheduler, config, controllers[config])
                         with _tagged(controllers[config], prompt=index, repeat=repeat):
                             results[config] += _passed(_run(llm, [ids], [0.0], temperature, args.max_new_tokens,
-                                                            args.seed + turn, [workloads[index]]), repeat, index)
+                                                            args.seed + turn, [workloads[index]], [schemas[index]]),
+                                                       repeat, index)
                     print(f"[t={temperature} pass {repeat + 1}/{repeats} prompt {index + 1}/{len(prompt_ids)} done]",
                           file=sys.stderr)
         else:
             requests = [prompt_ids[i % len(prompt_ids)] for i in range(len(trace))]
             labels = [workloads[i % len(prompt_ids)] for i in range(len(trace))]
+            held = [schemas[i % len(prompt_ids)] for i in range(len(trace))]
             for repeat in range(repeats):
                 for config in rotated(configs, repeat):
                     _activate(scheduler, config, controllers[config])
                     with _tagged(controllers[config], repeat=repeat):
                         results[config] += _passed(_run(llm, requests, trace, temperature, args.max_new_tokens,
-                                                        args.seed + repeat * len(trace), labels), repeat)
+                                                        args.seed + repeat * len(trace), labels, held), repeat)
                     print(f"[{config} t={temperature} pass {repeat + 1}/{repeats} trace done]", file=sys.stderr)
         for config in configs:
             rows.append(_summary(config, temperature, results[config], controllers[config], args.rate))
@@ -255,12 +260,15 @@ def _passed(timings: list[RequestTiming], repeat: int, index: int | None = None)
     return timings
 
 
-def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> list[RequestTiming]:
-    """Feed requests at their arrival offsets through vLLM's engine loop; time-stamp every token."""
+def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None, schemas=None) -> list[RequestTiming]:
+    """Feed requests at their arrival offsets through vLLM's engine loop; time-stamp every token.
+    `schemas[i]`, where given, holds request i to that JSON schema through vLLM's structured outputs."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
-    params = [SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed + i)
+    schemas = schemas or [None] * len(prompts)
+    params = [SamplingParams(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed + i,
+                             structured_outputs=_structured_outputs(schemas[i]))
               for i in range(len(prompts))]
     timings: dict[str, RequestTiming] = {}
     seen: dict[str, int] = {}
@@ -287,6 +295,17 @@ def _run(llm, prompts, arrivals, temperature, max_tokens, seed, labels=None) -> 
                 timing.token_times += [stamp] * new
                 timing.event_times.append(stamp)
     return list(timings.values())
+
+
+def _structured_outputs(schema: dict | None):
+    """vLLM's form of a JSON schema (`{}`: any JSON), with no free whitespace, as our engine writes JSON."""
+    if schema is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if not schema:
+        return StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
+    return StructuredOutputsParams(json=schema, disable_any_whitespace=True)
 
 
 def _controller(config: str, profile: str | None = None, cost_model: str | None = None,

@@ -99,6 +99,10 @@ def _stream(client, base, model, prompt, temperature, args, seed, arrival, index
     else:
         route = "chat/completions"
         body["messages"] = prompt.messages or [{"role": "user", "content": prompt.text}]
+    schema = getattr(prompt, "json_schema", None)
+    if schema is not None:  # OpenAI's form, which our server passes to vLLM's structured outputs
+        body["response_format"] = ({"type": "json_object"} if not schema else
+                                   {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
     timing, emitted = RequestTiming(arrival, prompt.source, index=index), 0
     with client.post(f"{base}/{route}", body) as response:
         for raw in response:  # server-sent events, one per line
