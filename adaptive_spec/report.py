@@ -113,7 +113,9 @@ def _section(stem: str, result: Mapping, figures_link: str) -> list[str]:
 
 def _table(runs: list[dict]) -> list[str]:
     comparisons = compare({run["config"]: run["prompts"] for run in runs if run.get("prompts")})
+    masked = any("mask_share" in run for run in runs)  # under a grammar: what its masks cost
     header = ["config", "prompts", "tokens", "tok/s", "x best static", "x off", "n(+-5%)", "accept", "len"]
+    header += ["mask ms/token", "mask share"] if masked else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         entry = comparisons.get(run["config"], {})
@@ -123,6 +125,9 @@ def _table(runs: list[dict]) -> list[str]:
                  ratio_cell(best) + reference, ratio_cell(entry.get("to_off")),
                  str(best.get(HALF_WIDTH_KEY) or "-") if best else "-",
                  _number(run.get("acceptance_rate"), 3), _number(run.get("mean_acceptance_length"))]
+        if masked:
+            share = run.get("mask_share")
+            cells += [_number(run.get("mask_ms_per_token"), 3), f"{100 * share:.2f}%" if share is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -674,3 +674,27 @@ def test_simulate_reports_calibration_quality():
     assert quality["brier_raw_confidence"] is not None
     assert sum(row["outcomes"] for row in quality["reliability"]) == quality["outcomes"]
     assert "calibration" not in simulate(traces, CPU_PROFILE, "static:3")
+
+
+def test_constrained_requests_learn_an_acceptance_prior_apart_from_free_text():
+    """Rows under a grammar (its forced tokens are accepted for sure) beside free rows whose drafts
+    all fail: with groups, each group's prior learns its own rate, so a new constrained request
+    starts near 1 and a new free one near 0, and the warm-start state carries both. Negative
+    control: the same outcomes without groups pool into one prior in between."""
+    for grouped in (True, False):
+        policy = GoodputPolicy(CostModel.default(), GoodputConfig())
+        views = [RequestView("c", 100, 500, 4, AcceptanceHistory(), group="constrained" if grouped else ""),
+                 RequestView("f", 100, 500, 4, AcceptanceHistory())]
+        outcomes = (RequestOutcome("c", 4, 4, 5), RequestOutcome("f", 4, 0, 1))
+        for _ in range(40):
+            policy.choose(views)
+            policy.observe(StepRecord(2, 4, (100, 100), outcomes, 0.0, 1.0, 1.0))
+        free = policy.prior.rates()[0]
+        if grouped:
+            constrained = policy.group_priors["constrained"].rates()[0]
+            assert constrained > 0.9 and free < 0.1, (constrained, free)
+            restored = GoodputPolicy(CostModel.default(), GoodputConfig())
+            restored.load_state(json.loads(json.dumps(policy.state())))
+            assert restored.group_priors["constrained"].rates()[0] > 0.9 and restored.prior.rates()[0] < 0.1
+        else:
+            assert not policy.group_priors and 0.3 < free < 0.7, free

@@ -332,3 +332,33 @@ def test_bench_constrains_every_request_and_skips_the_hf_baselines(smollm2, caps
         assert row["tokens"] <= 3 * row["requests"], row
     free = [row for row in documents[False]["runs"] if row["config"] != "hf-plain"]
     assert min(row["tokens"] for row in free) > 3 * 2  # unconstrained, the model says more
+
+
+def test_bench_holds_each_prompt_to_its_own_schema_and_free_text_drops_them(smollm2, capsys, tmp_path):
+    """Prompts carrying a json_schema are held to it, a prompt without one runs free beside them, and
+    the result counts the mask work; with --free-text the same prompts run unconstrained (the
+    negative control: no masks, and the Hugging Face baseline comes back)."""
+    from adaptive_spec.cli import main
+
+    yes_no = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(record) for record in [
+        {"prompt": 'Is the sky blue? Answer as JSON, like {"answer":"yes"}.', "json_schema": yes_no},
+        {"prompt": 'Is water dry? Answer as JSON, like {"answer":"no"}.', "json_schema": yes_no},
+        {"prompt": "Tell me about the sea."}]) + "\n")
+    base = ["bench", "--target", MODEL, "--draft", "ngram", "--prompts", str(path), "--policies", "off,static:2",
+            "--temperatures", "0", "--max-new-tokens", "24"]
+    documents = {}
+    for extra in ([], ["--free-text"]):
+        assert main(base + extra) == 0
+        captured = capsys.readouterr()
+        documents[bool(extra)] = json.loads(captured.out.strip().splitlines()[-1])
+        assert ("skipping hf-plain" in captured.err) != bool(extra)
+    held, free = documents[False], documents[True]
+    assert held["settings"]["structured"] == "own json_schema (2 of 3 prompts)" and free["settings"]["structured"] is None
+    for row in held["runs"]:
+        assert row["masks"] > 0 and 0 < row["mask_ms_per_mask"] and 0 < row["mask_share"] < 1, row
+    assert all("masks" not in row for row in free["runs"]) and "hf-plain" in {r["config"] for r in free["runs"]}
+    assert main(base + ["--json"]) == 2  # one grammar for all beside prompts with their own: ambiguous
+    assert "carry their own json_schema" in capsys.readouterr().err

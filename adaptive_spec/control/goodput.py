@@ -113,6 +113,7 @@ beside the rows, or a host's time between steps, is beyond what the choice of k 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -225,6 +226,9 @@ class GoodputPolicy(PolicyBase):
         check_step_cost(self.cost_model)
         positions = max(self.config.max_k, 1)
         self.prior = AcceptancePrior(max_positions=positions, initial_rate=self.config.prior_rate)
+        # Requests of another acceptance group (RequestView.group: a grammar's forced tokens are
+        # accepted for sure) learn a prior of their own, started from this one when first seen.
+        self.group_priors: dict[str, AcceptancePrior] = {}
         self.calibration = ConfidenceCalibration(positions=positions)
         self._requests: dict[str, _RequestState] = {}
         self._batch_k = 0
@@ -468,7 +472,7 @@ class GoodputPolicy(PolicyBase):
                 state.resume = True
             state.estimator.update(outcome.k, outcome.accepted)
             if outcome.k:
-                self.prior.update(outcome.k, outcome.accepted)
+                state.estimator.prior.update(outcome.k, outcome.accepted)
                 state.steps_off = 0
                 if not probe_k or good_probe:
                     # drafting by choice, or a good probe: probing starts over from the base interval
@@ -524,7 +528,10 @@ class GoodputPolicy(PolicyBase):
 
     # --- warm start --------------------------------------------------------------------------
     def state(self) -> dict:
-        return {"prior": self.prior.state(), "calibration": self.calibration.state()}
+        state = {"prior": self.prior.state(), "calibration": self.calibration.state()}
+        if self.group_priors:
+            state["group_priors"] = {group: prior.state() for group, prior in self.group_priors.items()}
+        return state
 
     def load_state(self, state: dict) -> None:
         """Start from a saved prior and calibration (see `state`); raises ValueError if malformed."""
@@ -532,6 +539,8 @@ class GoodputPolicy(PolicyBase):
             raise ValueError("a goodput warm-start state needs 'prior' and 'calibration'")
         self.prior.load_state(state["prior"])
         self.calibration.load_state(state["calibration"])
+        for group, saved in (state.get("group_priors") or {}).items():
+            self._prior_of(str(group)).load_state(saved)
 
     # --- helpers -----------------------------------------------------------------------------
     def _token_seconds_cap(self, batch: int, base_seconds: float) -> float | None:
@@ -549,9 +558,16 @@ class GoodputPolicy(PolicyBase):
         self._requests = {}
         for r in requests:
             self._requests[r.request_id] = known.get(r.request_id) or _RequestState(
-                AcceptanceEstimator(self.prior, self.config.request_decay, self.config.prior_strength),
+                AcceptanceEstimator(self._prior_of(r.group), self.config.request_decay, self.config.prior_strength),
                 self.calibration.new_offset(), probe_interval=self.config.probe_interval)
         return [self._requests[r.request_id] for r in requests]
+
+    def _prior_of(self, group: str) -> AcceptancePrior:
+        if not group:
+            return self.prior
+        if group not in self.group_priors:
+            self.group_priors[group] = copy.deepcopy(self.prior)
+        return self.group_priors[group]
 
     def _row_shares(self, batch: int, k_max: int) -> list[tuple[float, float]]:
         """Per K: (one drafting row's share of the batch's drafting increment, each further row's),

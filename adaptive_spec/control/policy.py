@@ -68,6 +68,9 @@ class RequestView:
     # (vLLM's lazy draft) runs it over them before the row's next step that drafts. Such a host
     # drafts for the rows given k > 0 alone.
     draft_behind: int = 0
+    # Requests whose drafts are accepted alike share an acceptance prior: "" for free text,
+    # "constrained" for a grammar's or a constraint's (its forced tokens are accepted for sure).
+    group: str = ""
 
 
 @dataclass(frozen=True)

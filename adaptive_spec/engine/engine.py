@@ -202,7 +202,8 @@ class SpecEngine:
         room = self.drafter.max_positions
         if room:  # a row's context plus its drafts must fit the drafter's positions
             caps = [min(cap, room - len(r.tokens)) for r, cap in zip(self._running, caps)]
-        views = [RequestView(r.policy_key, len(r.tokens), r.remaining, max(cap, 0), r.history)
+        views = [RequestView(r.policy_key, len(r.tokens), r.remaining, max(cap, 0), r.history,
+                             group="constrained" if r.params.constraint is not None else "")
                  for r, cap in zip(self._running, caps)]
         try:
             return choose_ks(self.policy, views)

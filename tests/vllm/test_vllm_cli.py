@@ -63,6 +63,33 @@ def test_bench_runs_vllm_off_vllms_own_schedule_and_a_policy_side_by_side():
 
 @pytest.mark.vllm
 @pytest.mark.real_models
+def test_bench_holds_prompts_to_their_schemas_through_vllm_even_when_no_row_drafts(tmp_path):
+    """Prompts with their own json_schema through vLLM's structured outputs: `off` through the
+    plug-in gives every row k = 0 while rows carry grammars (a case that has crashed engines), and
+    static:2 drafts under them; both finish every request."""
+    require_vllm()
+    yes_no = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(record) for record in [
+        {"prompt": 'Is the sky blue? Answer as JSON, like {"answer":"yes"}.', "json_schema": yes_no},
+        {"prompt": "Count from one to twenty: one, two, three,"}]) + "\n")
+    command = [sys.executable, "-m", "adaptive_spec", "bench", "--engine", "vllm", "--target", SMALL_MODEL,
+               "--draft", "ngram", "--prompts", str(path), "--max-new-tokens", "12", "--temperatures", "0",
+               "--policies", "vllm-off,off,static:2", "--threads", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "NUMBA_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout.strip().splitlines()[-1])
+    assert document["settings"]["structured"] == "own json_schema (1 of 2 prompts)"
+    rows = {row["config"]: row for row in document["runs"]}
+    assert all(row["requests"] == 2 and row["tokens"] > 0 for row in rows.values())
+    # the JSON answer ends early ({"answer":"yes"} is 6 or so tokens); unconstrained, it would run to 12
+    assert all(row["tokens"] < 24 for row in rows.values())
+    assert "acceptance_rate" not in rows["off"]  # nothing was drafted: every step had k = 0 for every row
+
+
+@pytest.mark.vllm
+@pytest.mark.real_models
 def test_profile_times_whole_vllm_steps_into_a_profile_the_cost_model_reads(tmp_path):
     require_vllm()
     from adaptive_spec.control.cost_model import CostModel

@@ -208,6 +208,7 @@ class RunningRequest:
     remaining_tokens: int  # tokens it may still emit after the step in flight
     cap: int  # the most drafts the host can verify for it (configured length, budget, model length)
     draft_behind: int = 0  # context tokens its lazy draft has missed (caught up before it drafts again)
+    group: str = ""  # its acceptance group (RequestView.group): "constrained" under structured outputs
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,8 @@ class SpecController:
     def choose(self, requests: Sequence[RunningRequest]) -> dict[str, int]:
         """k per request id for the drafts proposed in this step (0 where the policy fails)."""
         views = [RequestView(self._key(r.request_id), r.context_length, max(r.remaining_tokens, 0), max(r.cap, 0),
-                             self._histories.setdefault(r.request_id, AcceptanceHistory()), max(r.draft_behind, 0))
+                             self._histories.setdefault(r.request_id, AcceptanceHistory()), max(r.draft_behind, 0),
+                             r.group)
                  for r in requests]
         self._verified_call, self._this_call = self._this_call, None
         if views:  # choose_ks asks the policy only for a non-empty batch

@@ -204,8 +204,9 @@ class AdaptiveScheduler(Scheduler):
         cap = min(self.num_spec_tokens, remaining - 1, room)
         if not self.sampled_speculation and _samples(request):
             cap = 0
+        group = "constrained" if getattr(request, "structured_output_request", None) is not None else ""
         return RunningRequest(request.request_id, request.num_tokens + 1, remaining, cap,
-                              self._draft_behind(request, output))
+                              self._draft_behind(request, output), group)
 
 
 def _samples(request) -> bool:
