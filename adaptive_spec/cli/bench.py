@@ -165,14 +165,13 @@ def run_bench(args) -> int:
         if any(g is not None and g.kind != "json_schema" for g in grammars):
             raise ValueError("bench --engine vllm holds requests to JSON schemas (--json-schema, --json or the "
                              "prompts' own); for regex, choice and grammar use --engine hf")
-        args.structured_label = structured
         cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads
         if args.batch_size != 1:
             raise ValueError("--batch-size is for --engine hf; with --engine vllm, load the engine with --rate R")
         if args.policies == DEFAULT_POLICIES:
             args.policies = VLLM_DEFAULT_CONFIGS
         prompts = [_with_schema(p, g) for (_, p), g in zip(labelled, grammars)]
-        return run_vllm_bench(args, prompts if mix else _interleave_sources(prompts))
+        return run_vllm_bench(args, prompts if mix else _interleave_sources(prompts), structured)
     if args.save_steps:
         raise ValueError("--save-steps logs the steps of the vLLM scheduler plug-in (--engine vllm)")
     cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads

@@ -98,7 +98,9 @@ def add_vllm_bench_options(parser) -> None:
     group.add_argument("--model", default=None, help="with --url: the served model name (default: its only one)")
 
 
-def run_vllm_bench(args, prompts) -> int:
+def run_vllm_bench(args, prompts, structured: str | None = None) -> int:
+    """`prompts` may carry JSON schemas (vLLM's structured outputs then hold their requests to them);
+    `structured` says what set them, for the result's settings."""
     if args.url:
         if args.save_steps:
             raise ValueError("--save-steps logs this process's engine steps; a server run with --url has none here")
@@ -133,18 +135,18 @@ def run_vllm_bench(args, prompts) -> int:
     tokenizer = _tokenizer(base.target)
     prompt_ids = [encode_prompt(tokenizer, p, chat=not args.no_chat) for p in prompts]
     workloads = [p.source for p in prompts]
-    args.schemas = [p.json_schema for p in prompts]  # vLLM's structured outputs hold a request to its schema
+    schemas = [p.json_schema for p in prompts]
     trace = _arrivals(args.rate, args.num_requests or len(prompt_ids), args.seed)
     rows = []
     if "vllm-off" in configs:
         llm = make_llm(EngineSpec(base.target, None, **common))
-        rows += _run_configs(llm, ["vllm-off"], prompt_ids, workloads, trace, temperatures, args)
+        rows += _run_configs(llm, ["vllm-off"], prompt_ids, workloads, schemas, trace, temperatures, args)
         del llm
         _collect()
     controllers: list[SpecController] = []
     if speculative:
         llm = make_llm(EngineSpec(base.target, base.drafter, max_k=max_k, **common))
-        rows += _run_configs(llm, speculative, prompt_ids, workloads, trace, temperatures, args, controllers)
+        rows += _run_configs(llm, speculative, prompt_ids, workloads, schemas, trace, temperatures, args, controllers)
     if getattr(args, "save_steps", None):
         _save_steps(args.save_steps, controllers)
     _add_ratios(rows)
@@ -161,7 +163,7 @@ def run_vllm_bench(args, prompts) -> int:
                      "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
                      "rate": args.rate, "requests": len(trace), "threads": args.threads, "seed": args.seed,
                      "vllm_table": VLLM_TABLE, "repeats": args.repeats,
-                     "structured": getattr(args, "structured_label", None)},
+                     "structured": structured},
         "runs": rows,
         "intervals": intervals,  # temperature -> config -> paired ratios (see the module docstring)
     }
@@ -179,7 +181,8 @@ def run_vllm_bench(args, prompts) -> int:
 
 
 # --- running ------------------------------------------------------------------------------------
-def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args, kept: list | None = None) -> list[dict]:
+def _run_configs(llm, configs, prompt_ids, workloads, schemas, trace, temperatures, args,
+                 kept: list | None = None) -> list[dict]:
     """Each configuration keeps one controller per temperature across all its prompts, as a server
     keeps its policy: what it learns (acceptance priors, online cost corrections) carries over.
     `kept` gathers the controllers, for --save-learned."""
@@ -187,7 +190,6 @@ def _run_configs(llm, configs, prompt_ids, workloads, trace, temperatures, args,
 
     scheduler = scheduler_of(llm) if configs != ["vllm-off"] else None
     _activate(scheduler, configs[0], _controller(configs[0]))
-    schemas = getattr(args, "schemas", None) or [None] * len(prompt_ids)
     _run(llm, [prompt_ids[0][:16]], [0.0], 0.0, 4, 0, schemas=schemas[:1])  # warm-up (a grammar compiles here)
     rows = []
     for temperature in temperatures:
