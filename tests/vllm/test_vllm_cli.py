@@ -86,6 +86,7 @@ def test_bench_holds_prompts_to_their_schemas_through_vllm_even_when_no_row_draf
     # the JSON answer ends early ({"answer":"yes"} is 6 or so tokens); unconstrained, it would run to 12
     assert all(row["tokens"] < 24 for row in rows.values())
     assert "acceptance_rate" not in rows["off"]  # nothing was drafted: every step had k = 0 for every row
+    assert rows["static:2"]["acceptance_rate"] > 0  # and static:2 really drafted under the grammar
 
 
 @pytest.mark.vllm
