@@ -116,6 +116,8 @@ def _table(runs: list[dict]) -> list[str]:
     masked = any("mask_share" in run for run in runs)  # under a grammar: what its masks cost
     header = ["config", "prompts", "tokens", "tok/s", "x best static", "x off", "n(+-5%)", "accept", "len"]
     header += ["mask ms/token", "mask share"] if masked else []
+    forcing = any("forced_share" in run for run in runs)  # jump-forward: tokens a grammar forced
+    header += ["forced"] if forcing else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         entry = comparisons.get(run["config"], {})
@@ -128,6 +130,9 @@ def _table(runs: list[dict]) -> list[str]:
         if masked:
             share = run.get("mask_share")
             cells += [_number(run.get("mask_ms_per_token"), 3), f"{100 * share:.2f}%" if share is not None else "-"]
+        if forcing:
+            forced = run.get("forced_share")
+            cells.append(f"{100 * forced:.1f}%" if forced is not None else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

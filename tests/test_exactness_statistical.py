@@ -11,14 +11,15 @@ law with `SAMPLES` engine samples per prompt (cells expected < 5 pooled). Batche
 lengths and, with the `ragged` policy, rows of k = 2, 3 and 4 in every step; each test asserts
 the k it meant really ran.
 
-False-failure probability: each of 5 pair tables x 2 prompts rejects at p < ALPHA = 1e-4, over 8
-sampling configurations (a grammar among them), 2 n-gram configurations and 3 adaptive policies:
-130 tests, so a correct engine fails any of them with probability below 130 x 1e-4 = 1.3% (a union
-bound; the tables overlap, so the real figure is lower). All seeds are fixed, so a run is
-reproducible. Three negative controls show the same tests fail on real bugs: the recovered token
-sampled from the target instead of the residual after any rejection, the same bug only at draft
-position >= 2, and grammar masks taken at the committed state for every drafted position (caught by
-the forbidden tokens it emits).
+False-failure probability: each of 5 pair tables x 2 prompts rejects at p < ALPHA = 1e-4, over 9
+sampling configurations (two grammars among them, one whose forced letters jump-forward takes), 2
+n-gram configurations and 3 adaptive policies: 140 tests, so a correct engine fails any of them
+with probability below 140 x 1e-4 = 1.4% (a union bound; the tables overlap, so the real figure is
+lower). All seeds are fixed, so a run is reproducible. Four negative controls show the same tests
+fail on real bugs: the recovered token sampled from the target instead of the residual after any
+rejection, the same bug only at draft position >= 2, grammar masks taken at the committed state for
+every drafted position (caught by the forbidden tokens it emits), and drafts after forced tokens
+tested with misaligned uniforms.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def _tiny_tokenizer():
 
 # 'a' is followed by one of b-d, 'f' by a or g; at least 7 units, so no end of sequence in 6 tokens
 GRAMMAR = Grammar.regex("(a[b-d]|e|f[ag]|c)(a[b-d]|e|f[ag]|c){6,}")
+# Every unit's letters after its first are forced ('a' -> b, 'c' -> d e, 'f' -> g): jump-forward takes
+# them at the committed position and the drafts follow them in the same step.
+FORCING_GRAMMAR = Grammar.regex("(ab|cde|fg|b)(ab|cde|fg|b){6,}")
 
 CONFIGS = {
     "temperature-1": SamplingParams(temperature=1.0),
@@ -83,6 +87,7 @@ CONFIGS = {
     "allowed-set": SamplingParams(allowed_token_ids=frozenset({0, 2, 3, 5, 7})),
     "prefix-constraint": SamplingParams(constraint=PrefixConstraint(_even_after_odd)),
     "grammar": SamplingParams(temperature=1.0, constraint=GRAMMAR.constraint(_tiny_tokenizer(), VOCAB)),
+    "grammar-forcing": SamplingParams(temperature=1.0, constraint=FORCING_GRAMMAR.constraint(_tiny_tokenizer(), VOCAB)),
 }
 
 
@@ -223,8 +228,12 @@ def test_engine_matches_target_distribution_at_depth(small_pair, name):
     target, draft = small_pair
     samples, results = sample_engine(target, draft, CONFIGS[name], RaggedPolicy(), seed=1000)
     ks = first_step_ks(results)
-    assert set(ks) == set(RAGGED_KS) and min(ks.values()) > SAMPLES // 2  # k = 2, 3 and 4 all really drafted
+    # k = 2, 3 and 4 all really drafted (forced tokens take room in a 6-token budget, so fewer 4s there)
+    assert set(ks) == set(RAGGED_KS) and min(ks.values()) > (SAMPLES // 25 if name == "grammar-forcing" else SAMPLES // 2)
     assert sum(r.stats.accepted for r in results) > 0
+    if name == "grammar-forcing":  # jump-forward really ran, ahead of drafts that were also rejected
+        assert sum(r.stats.forced for r in results) > SAMPLES
+        assert sum(r.stats.drafted for r in results) > sum(r.stats.accepted for r in results)
     assert_exact(target, name, samples, name)
 
 
@@ -280,6 +289,29 @@ def test_statistical_test_catches_a_biased_engine(small_pair, monkeypatch, min_p
     assert sum(r.stats.accepted_per_step.count(2) + r.stats.accepted_per_step.count(3) for r in results) > SAMPLES // 4
     p_values = [p for prompt, prompt_samples in zip(PROMPTS, samples)
                 for p in chi_square_p_values(prompt_samples, exact_law(target, tuple(prompt), "temperature-1"))]
+    assert min(p_values) < ALPHA, p_values
+
+
+@pytest.mark.slow
+def test_statistical_test_catches_drafts_after_forced_tokens_tested_with_the_wrong_uniforms(small_pair, monkeypatch):
+    """Negative control for jump-forward: each row's accept uniforms laid out from column 0 instead of
+    after its forced tokens, so the forced tokens take the drafts' uniforms and the drafts after them
+    get 0 (always accepted: the draft's law leaks into the output)."""
+    target, draft = small_pair
+    built = processing.StepSampler.__init__
+
+    def misaligned(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        for row, m in enumerate(self.num_forced.tolist()):
+            shifted = torch.zeros_like(self.accept_uniforms[row])
+            shifted[: shifted.numel() - m] = self.accept_uniforms[row, m:]
+            self.accept_uniforms[row] = shifted
+
+    monkeypatch.setattr(processing.StepSampler, "__init__", misaligned)
+    samples, results = sample_engine(target, draft, CONFIGS["grammar-forcing"], "static:4", seed=13)
+    assert sum(r.stats.forced for r in results) > SAMPLES  # the bug had occasions
+    p_values = [p for prompt, prompt_samples in zip(PROMPTS, samples)
+                for p in chi_square_p_values(prompt_samples, exact_law(target, tuple(prompt), "grammar-forcing"))]
     assert min(p_values) < ALPHA, p_values
 
 

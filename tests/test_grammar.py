@@ -362,3 +362,22 @@ def test_bench_holds_each_prompt_to_its_own_schema_and_free_text_drops_them(smol
     assert all("masks" not in row for row in free["runs"]) and "hf-plain" in {r["config"] for r in free["runs"]}
     assert main(base + ["--json"]) == 2  # one grammar for all beside prompts with their own: ambiguous
     assert "carry their own json_schema" in capsys.readouterr().err
+
+
+def test_bench_reports_jump_forward_and_runs_a_lane_without_it(smollm2, capsys, tmp_path):
+    """Under a JSON schema, fixed text (`{"answer":"`) is forced: the default lane takes part of its
+    tokens by jump-forward (`forced_share` > 0), the `+no-jump` lane none, with equal greedy outputs."""
+    from adaptive_spec.cli import main
+
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps({"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+                                "required": ["answer"], "additionalProperties": False}))
+    args = ["bench", "--target", MODEL, "--draft", "ngram", "--prompt",
+            'Is the sky blue? Answer like {"answer":"yes"}.', "--policies", "static:2,static:2+no-jump",
+            "--temperatures", "0", "--max-new-tokens", "24"]
+    assert main(args + ["--json-schema", str(path)]) == 0
+    document = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {row["config"]: row for row in document["runs"]}
+    assert set(rows) == {"static:2", "static:2+no-jump"}
+    assert rows["static:2"]["forced_share"] > 0 and rows["static:2+no-jump"]["forced_share"] == 0
+    assert rows["static:2"]["tokens"] == rows["static:2+no-jump"]["tokens"]

@@ -338,9 +338,10 @@ def test_smollm2_with_ngram_drafter_matches_hf_greedy(smollm2, smollm2_reference
 def test_default_pair_writes_json_that_validates_under_eight_schemas(qwen_target, qwen_draft):
     """The structured workload's eight schemas (nested objects, arrays, enums, integers, numbers,
     booleans, string patterns), one real prompt each, decoded in one batch beside a free-text row.
-    With k = 3 really drafted, every answer is JSON that `jsonschema` validates, ended by the grammar
-    (not the token budget), and equals constrained greedy decoding without speculation token for
-    token (forgiving only near-ties of the masked logits, as above); the free row is untouched."""
+    With k = 3 really drafted and jump-forward on, every answer is JSON that `jsonschema` validates,
+    ended by the grammar (not the token budget), and equals constrained greedy decoding without
+    speculation or jump-forward token for token (forgiving only near-ties of the masked logits, as
+    above); the free row is untouched."""
     (model, tokenizer), (draft, _) = qwen_target, qwen_draft
     prompts = load_structured(8)
     assert len({json.dumps(p.json_schema, sort_keys=True) for p in prompts}) == 8
@@ -350,10 +351,13 @@ def test_default_pair_writes_json_that_validates_under_eight_schemas(qwen_target
     params = [SamplingParams(temperature=0, max_new_tokens=96, stop_token_ids=stops,
                              constraint=g.constraint(tokenizer, model.config.vocab_size)) for g in grammars]
     params.append(SamplingParams(temperature=0, max_new_tokens=12, stop_token_ids=stops))
-    runs = {policy: SpecEngine(model, draft, policy=policy, max_batch_size=len(ids)).generate(ids, params)
+    # the reference is plain constrained decoding: no drafts and no jump-forward
+    runs = {policy: SpecEngine(model, draft, policy=policy, max_batch_size=len(ids),
+                               jump_forward=policy != "off").generate(ids, params)
             for policy in ("off", "static:3")}
     plain, speculative = runs["off"], runs["static:3"]
     assert max(k for r in speculative for k in r.stats.k_per_step) == 3  # k = 3 was drafted, not capped
+    assert sum(r.stats.forced for r in speculative) > 0 and sum(r.stats.forced for r in plain) == 0
     assert sum(r.stats.accepted for r in speculative[:-1]) > 0
     for prompt, grammar, prompt_ids, fast, slow in zip(prompts, grammars, ids, speculative, plain):
         assert fast.error is None and slow.error is None, (prompt.id, fast.error, slow.error)

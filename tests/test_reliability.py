@@ -91,7 +91,7 @@ def engine_phase() -> str:
     """Which engine phase the calling user code runs in, read from the call stack."""
     names = {frame.function for frame in inspect.stack()}
     for phase, function in (("emit", "_emit"), ("draft", "_draft"), ("verify", "_verify_and_emit"),
-                            ("admit", "_prefill")):
+                            ("admit", "_prefill"), ("jump", "_forced_runs")):
         if function in names:
             return phase
     return "other"
@@ -131,7 +131,10 @@ def test_a_constraint_fault_fails_only_its_request_in_every_phase(pair, phase, m
     constraint = FaultyConstraint(phase, method, at_length)
     faulty_prompt = [1, 2, 4]  # the same length as PROMPTS[0]: one prefill group
     requests = [(p, greedy()) for p in PROMPTS] + [(faulty_prompt, greedy(constraint=constraint))]
-    outcome = run_streaming(SpecEngine(target, draft, policy="static:3"), requests)
+    # With jump-forward the committed position's mask is made before drafting: without it, the draft
+    # asks for that mask first, so a fault there is the draft's.
+    engine = SpecEngine(target, draft, policy="static:3", jump_forward=phase != "draft")
+    outcome = run_streaming(engine, requests)
     assert constraint.fired == {phase}
     for index, prompt in enumerate(PROMPTS):
         streamed, result = outcome[f"r{index}"]
@@ -144,6 +147,16 @@ def test_a_constraint_fault_fails_only_its_request_in_every_phase(pair, phase, m
     assert result.token_ids == expected[: len(result.token_ids)]
     if phase != "admit":
         assert len(result.token_ids) >= at_length - 1  # the tokens before the fault were kept
+
+
+def test_a_constraint_fault_in_jump_forward_costs_only_the_jump(pair):
+    """Jump-forward asks for the committed position's mask before drafting and treats a fault there as
+    no forced run: the step asks again, here without the fault, and the request goes on exactly."""
+    target, draft = pair
+    constraint = FaultyConstraint("jump", "allowed_tokens", 3)
+    result = SpecEngine(target, draft, policy="static:3").generate([[1, 2, 4]], greedy(constraint=constraint))[0]
+    assert constraint.fired == {"jump"}
+    assert result.error is None and result.token_ids == plain_greedy(target, [1, 2, 4], LENGTH)
 
 
 def test_a_constraint_whose_initial_state_raises_is_refused_alone(pair):

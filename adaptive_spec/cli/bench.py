@@ -5,7 +5,8 @@ Configurations: `hf-plain`, `hf-assisted`, `hf-heuristic` (Hugging Face's own im
 assisted ones need a draft model) and any engine policies by name. `POLICY@START` starts that
 policy's cost model from START instead of `--profile` (a profile or learned-state file, `none` or
 `auto`; the acceptance warm start stays `--profile`'s), so one run compares starts that differ in
-their costs alone: `goodput@none,goodput@profiles/mine.json`.
+their costs alone: `goodput@none,goodput@profiles/mine.json`. A `+no-jump` suffix runs that lane's
+engine without jump-forward (grammar-forced tokens are then drafted like any other), to measure it.
 
 Stream: the prompts in the order the prompt options give them, or, with `--mix humaneval:8,sharegpt:8`,
 one stream interleaving the workloads round robin in the order named (HumanEval 1, ShareGPT 1,
@@ -175,7 +176,7 @@ def run_bench(args) -> int:
     if args.save_steps:
         raise ValueError("--save-steps logs the steps of the vLLM scheduler plug-in (--engine vllm)")
     cost_model_kind(args)  # a contradictory --cost-model / --save-learned fails before any model loads
-    for start in {p.partition("@")[2].strip() for p in args.policies.split(",")} - {"", "none", "auto"}:
+    for start in {lane_parts(p.strip())[1] for p in args.policies.split(",")} - {"", "none", "auto"}:
         load_profile(start)  # a missing or corrupt POLICY@FILE fails now, too
     loaded = load_models(args)
     encoded = encode_all([p for _, p in labelled], loaded.tokenizer, chat=not args.no_chat)
@@ -324,14 +325,14 @@ class EngineLane:
 
     def __init__(self, name: str, loaded, stops: tuple[int, ...], args, temperature: float, cost_model):
         self.name, self.stops, self.args, self.temperature = name, stops, args, temperature
-        spec, _, start = name.partition("@")
+        spec, start, jump_forward = lane_parts(name)
         if start:  # this lane's cost model starts from its own profile (see the module docstring)
             cost_model = functools.partial(cost_model, profile=start)
         policy = with_tpot_target(make_policy(spec, cost_model), args.slo_tpot, only_goodput=True)
         self.policy = with_sweep(policy, args.calibrate, only_cost_readers=True)
         self.static = isinstance(self.policy, StaticPolicy)
         self.engine = SpecEngine(loaded.target, _own_drafter(loaded), policy=self.policy,
-                                 max_batch_size=args.batch_size, seed=args.seed)
+                                 max_batch_size=args.batch_size, seed=args.seed, jump_forward=jump_forward)
         self.tokenizer, self.vocab_size = loaded.tokenizer, loaded.target.config.vocab_size
         self.tallies: dict[str, Tally] = {}
         self.prompts: list[dict] = []  # per-prompt figures (see _prompt_record)
@@ -428,8 +429,16 @@ class EngineLane:
         self.prompts.append(_prompt_record(arrival, len(result.token_ids), seconds, drafted=stats.drafted,
                                            accepted=stats.accepted, k_per_step=list(stats.k_per_step),
                                            accepted_per_step=list(stats.accepted_per_step), masks=stats.masks,
-                                           mask_seconds=round(stats.mask_seconds, 6)))
+                                           mask_seconds=round(stats.mask_seconds, 6), forced=stats.forced))
         return tally
+
+
+def lane_parts(name: str) -> tuple[str, str, bool]:
+    """`POLICY[@START][+no-jump]` -> (policy, start or "", jump-forward on)."""
+    base, plus, modifier = name.rpartition("+")
+    jump_forward = not (plus and modifier == "no-jump")
+    spec, _, start = (name if jump_forward else base).partition("@")
+    return spec, start.strip(), jump_forward
 
 
 def _prompt_record(arrival: Arrival, tokens: int, seconds: float, **figures) -> dict:
@@ -496,7 +505,8 @@ def _figures(tally: Tally) -> dict:
         if masks:  # a grammar's cost: per mask computed, per token emitted, and its share of the time
             figures.update(masks=masks, mask_ms_per_mask=round(1000 * mask_seconds / masks, 4),
                            mask_ms_per_token=round(1000 * mask_seconds / max(tally.tokens, 1), 4),
-                           mask_share=round(mask_seconds / tally.seconds, 5) if tally.seconds > 0 else None)
+                           mask_share=round(mask_seconds / tally.seconds, 5) if tally.seconds > 0 else None,
+                           forced_share=round(sum(r.stats.forced for r in tally.results) / max(tally.tokens, 1), 4))
     if tally.tpots:
         figures.update({f"tpot_p{q}_ms": round(1000 * float(np.percentile(tally.tpots, q)), 2) for q in (50, 99)})
     return figures

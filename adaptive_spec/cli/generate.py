@@ -26,6 +26,9 @@ def add_generate_command(subparsers) -> None:
     add_sampling_options(parser)
     add_policy_options(parser, default="goodput")
     add_structured_options(parser)
+    parser.add_argument("--no-jump-forward", action="store_true",
+                        help="draft the tokens a grammar forces like any other, instead of taking them without a "
+                             "draft slot (outputs are exact either way; for measuring what jump-forward gives)")
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests decoded together")
     parser.add_argument("--output-json", default=None, help="write per-prompt ids, text and stats here")
 
@@ -44,7 +47,7 @@ def run_generate(args) -> int:
     cost_model = policy_factory(args, loaded)
     policy = with_sweep(with_tpot_target(make_policy(args.policy, cost_model), args.slo_tpot), args.calibrate)
     engine = SpecEngine(loaded.target, loaded.draft, policy=policy, max_batch_size=args.max_batch_size,
-                        seed=args.seed)
+                        seed=args.seed, jump_forward=not args.no_jump_forward)
     stream = len(prompts) == 1
     results, errors = {}, {}
     for index, (prompt, ids, constraint) in enumerate(zip(prompts, prompt_ids, constraints)):
@@ -109,5 +112,6 @@ def _record(result, tokenizer) -> dict:
         "finish_reason": result.finish_reason, "error": result.error,
         "stats": {"drafted": stats.drafted, "accepted": stats.accepted, "steps": stats.steps,
                   "acceptance_rate": stats.acceptance_rate, "mean_acceptance_length": stats.mean_acceptance_length,
-                  "k_per_step": list(stats.k_per_step), "accepted_per_step": list(stats.accepted_per_step)},
+                  "k_per_step": list(stats.k_per_step), "accepted_per_step": list(stats.accepted_per_step),
+                  "forced": stats.forced},
     }

@@ -199,8 +199,11 @@ def timed_step(record: Any) -> tuple[int, int, float, float, float, float, int, 
         return None
     k = int(record.batch_k)
     positions = int(getattr(record, "draft_positions", 0) or k)  # a stopped draft still ran its forwards
-    return (b, k, float(max(record.context_lengths)), float(record.draft_seconds), float(record.verify_seconds),
-            float(record.total_seconds), positions, int(getattr(record, "draft_catchup_tokens", 0) or 0))
+    verify, total = float(record.verify_seconds), float(record.total_seconds)
+    if getattr(record, "forced_tokens", 0):  # its verify held forced tokens too: only the draft is a cell's
+        verify = total = 0.0
+    return (b, k, float(max(record.context_lengths)), float(record.draft_seconds), verify,
+            total, positions, int(getattr(record, "draft_catchup_tokens", 0) or 0))
 
 
 class CostModel:

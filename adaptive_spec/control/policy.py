@@ -109,6 +109,10 @@ class StepRecord:
     drafting: tuple[int, ...] = ()
     # Of total_seconds, what the rows' constraint masks (grammars) took, drafted positions included.
     mask_seconds: float = 0.0
+    # Tokens a grammar forced ahead of the drafts (jump-forward, summed over rows), verified in this
+    # step's target forward beside them: the forward was wider than batch_k + 1, which no profiled
+    # cell prices, so cost models learn the draft part of such a step only (`timed_step`).
+    forced_tokens: int = 0
 
 
 @runtime_checkable

@@ -2,9 +2,11 @@
 
 One `step()`:
   1. admit waiting requests (each prefilled alone; prefill emits its first token);
-  2. ask the policy for each running request's k (clamped to what the request can use);
+  2. take each constrained request's forced tokens (jump-forward: the only token its grammar allows
+     there, run after run), then ask the policy for each running request's k (clamped to what the
+     request can use); forced tokens take no draft slot;
   3. draft max k tokens for the batch (skipped when every k is 0); check what the drafter returned;
-  4. verify: one target forward over [last token, k drafts] per row;
+  4. verify: one target forward over [last token, forced tokens, k drafts] per row;
   5. accept / recover / bonus by rejection sampling; emit, cut at stop tokens and budgets;
   6. roll caches back to the kept tokens, tell the policy, retire finished requests.
 
@@ -32,7 +34,7 @@ from ..modeling.drafters import Draft, Drafter, ModelDrafter, check_draft, logit
 from ..modeling.kv import RaggedKV, same_length_groups
 from ..sampling.params import SamplingParams
 from ..sampling.rejection import verify
-from .processing import StepSampler
+from .processing import MAX_FORCED, ForcedRun, StepSampler, forced_run
 from .request import GenerationResult, Request, RequestStats, StepOutput
 
 
@@ -43,6 +45,8 @@ class SpecEngine:
     `Drafter`, or None (no speculation possible; every k is 0). policy: a name ("off", "static:K",
     "goodput", ...; see `control.registry`) or a `Policy` object. max_k caps any k a policy picks; max_batch_size bounds running requests (the
     rest wait, first come first served). seed feeds the generator that seeds requests without one.
+    jump_forward: take the tokens a grammar forces without drafting them (exact either way; off
+    only to measure what it gives).
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class SpecEngine:
         max_k: int = 16,
         max_batch_size: int = 64,
         seed: int = 0,
+        jump_forward: bool = True,
     ):
         self.target = target.eval()
         self.vocab_size = logits_width(target)
@@ -77,6 +82,7 @@ class SpecEngine:
             raise ValueError("max_k must be >= 0 and max_batch_size >= 1")
         self.max_k = max_k if self.drafter is not None else 0
         self.max_batch_size = max_batch_size
+        self.jump_forward = jump_forward
         self._seeds = torch.Generator().manual_seed(seed)
         self._ids = itertools.count()
         self._serials = itertools.count()
@@ -128,8 +134,9 @@ class SpecEngine:
         if not self._running:
             return outputs
         started = time.perf_counter()
-        ks = self._choose_k()
-        sampler = StepSampler(self._running, ks, self.vocab_size, self.device)
+        forced = self._forced_runs()
+        ks = self._choose_k(forced)
+        sampler = StepSampler(self._running, ks, self.vocab_size, self.device, forced)
         draft, draft_seconds = self._draft(ks, sampler)
         outputs += self._verify_and_emit(draft, sampler, started, draft_seconds)
         return outputs
@@ -195,16 +202,23 @@ class SpecEngine:
         _count_masks(requests, sampler)
         return kv, verdict, errors
 
-    def _choose_k(self) -> list[int]:
+    def _forced_runs(self) -> list[ForcedRun | None]:
+        """Each row's jump-forward tokens, leaving room in its budget for one sampled token."""
+        if not self.jump_forward:
+            return [None] * len(self._running)
+        return [forced_run(r, min(MAX_FORCED, r.remaining - 1), self.vocab_size) for r in self._running]
+
+    def _choose_k(self, forced: Sequence[ForcedRun | None]) -> list[int]:
         if self.max_k == 0 or self._drafter_error is not None:
             return [0] * len(self._running)
-        caps = [min(self.max_k, r.remaining - 1) for r in self._running]
+        ahead = [len(run.tokens) if run else 0 for run in forced]  # the policy sees each row past its forced tokens
+        caps = [min(self.max_k, r.remaining - m - 1) for r, m in zip(self._running, ahead)]
         room = self.drafter.max_positions
         if room:  # a row's context plus its drafts must fit the drafter's positions
-            caps = [min(cap, room - len(r.tokens)) for r, cap in zip(self._running, caps)]
-        views = [RequestView(r.policy_key, len(r.tokens), r.remaining, max(cap, 0), r.history,
+            caps = [min(cap, room - len(r.tokens) - m) for r, cap, m in zip(self._running, caps, ahead)]
+        views = [RequestView(r.policy_key, len(r.tokens) + m, r.remaining - m, max(cap, 0), r.history,
                              group="constrained" if r.params.constraint is not None else "")
-                 for r, cap in zip(self._running, caps)]
+                 for r, cap, m in zip(self._running, caps, ahead)]
         try:
             return choose_ks(self.policy, views)
         except PolicyError as error:
@@ -216,7 +230,7 @@ class SpecEngine:
         if max(ks) == 0:
             return None, 0.0
         started = time.perf_counter()
-        contexts = [r.tokens for r in self._running]
+        contexts = [r.tokens + list(forced) for r, forced in zip(self._running, sampler.forced)]
         limits = torch.as_tensor(ks)
         sample = sampler.draft_sampler(limits, draft_stop_rule(self.policy))
         draft = self._guard_drafter(lambda: self.drafter.propose(contexts, ks, sample))
@@ -234,7 +248,10 @@ class SpecEngine:
     def _verify_and_emit(self, draft: Draft | None, sampler: StepSampler, started: float,
                          draft_seconds: float) -> list[StepOutput]:
         proposed = draft is not None  # a stateful drafter must hear back about every proposal
-        draft = draft or _no_draft(len(self._running), self.device)
+        drafted = draft.num_drafted.cpu() if proposed else torch.zeros(len(self._running), dtype=torch.long)
+        width = int(draft.tokens.shape[1]) if proposed else 0  # the drafter's K, forced tokens apart
+        forced = sampler.num_forced  # [rows]: verified first, accepted for sure unless the target fails there
+        draft = sampler.verified(draft) or _no_draft(len(self._running), self.device)
         verify_started = time.perf_counter()
         before = self._kv.lengths
         last = torch.as_tensor([[r.tokens[-1]] for r in self._running], device=self.device)
@@ -254,10 +271,14 @@ class SpecEngine:
         # Commit. Nothing below raises for one request's sake: a failing row keeps the drafts
         # accepted before its failure (plain decoding had emitted them) and then fails alone.
         outputs, outcomes, finished = [], [], []
+        kept = verdict.num_accepted.cpu()  # forced tokens and drafts the target kept
         for row, request in enumerate(self._running):
-            k, accepted = int(draft.num_drafted[row]), int(verdict.num_accepted[row])
-            drafts = draft.tokens[row, :accepted].tolist()
-            new = self._emit(request, drafts if errors[row] else drafts + [int(verdict.final_tokens[row])])
+            m, k = int(forced[row]), int(drafted[row])
+            accepted = max(int(kept[row]) - m, 0)  # of the drafter's own tokens: what the policy learns
+            drafts = draft.tokens[row, : int(kept[row])].tolist()
+            new = self._emit(request, drafts if errors[row] else drafts + [int(verdict.final_tokens[row])],
+                             sampler.states_along(row, int(kept[row])))
+            request.forced += min(m, len(new))
             if not errors[row]:
                 request.history.record(k, accepted)
             elif request.finish_reason is None:
@@ -266,16 +287,16 @@ class SpecEngine:
             outputs.append(_output(request, new))
             if request.finish_reason is not None:
                 finished.append(row)
-        self._kv.truncate(before + 1 + verdict.num_accepted.cpu())
-        if proposed and self._drafter_error is None:
-            self._guard_drafter(lambda: self.drafter.accept(verdict.num_accepted.cpu()))
+        self._kv.truncate(before + 1 + kept)
+        if proposed and self._drafter_error is None:  # its contexts held the forced tokens: it hears of its drafts
+            self._guard_drafter(lambda: self.drafter.accept((kept - forced).clamp(min=0)))
         record = StepRecord(
-            batch_size=len(self._running), batch_k=int(draft.tokens.shape[1]),
+            batch_size=len(self._running), batch_k=width,
             context_lengths=tuple(len(r.tokens) for r in self._running), outcomes=tuple(outcomes),
             draft_seconds=draft_seconds, verify_seconds=verify_seconds, total_seconds=time.perf_counter() - started,
             draft_positions=draft.positions if proposed else 0,
             draft_catchup_tokens=draft.catchup_tokens if proposed else 0,
-            mask_seconds=sum(sampler.mask_seconds),
+            mask_seconds=sum(sampler.mask_seconds), forced_tokens=int(forced.sum()),
         )
         try:
             self.policy.observe(record)
@@ -302,8 +323,9 @@ class SpecEngine:
         errors = [target.reasons[row, accepted[row]] if stuck[row] else None for row in range(len(stuck))]
         return verdict, errors
 
-    def _emit(self, request: Request, tokens: list[int]) -> list[int]:
-        """Append tokens to a request, cut at its first stop token or its budget."""
+    def _emit(self, request: Request, tokens: list[int], states: Sequence = ()) -> list[int]:
+        """Append tokens to a request, cut at its first stop token or its budget. states[i], where
+        given, is the constraint state after tokens[: i + 1], made already by the step's sampler."""
         emitted = []
         for token in tokens[: request.remaining]:
             emitted.append(token)
@@ -315,9 +337,10 @@ class SpecEngine:
             request.seen[emitted] = True
         constraint = request.params.constraint
         if constraint is not None:
-            for token in emitted:  # the constraint's state moves on emitted tokens only
+            for index, token in enumerate(emitted):  # the constraint's state moves on emitted tokens only
                 try:
-                    request.constraint_state = constraint.advance(request.constraint_state, token)
+                    request.constraint_state = (states[index] if index < len(states)
+                                                else constraint.advance(request.constraint_state, token))
                 except Exception as error:  # the token stands (plain decoding emitted it too); the request ends
                     request.fail(f"the constraint raised {type(error).__name__} in advance: {error}")
                     return emitted

@@ -27,6 +27,8 @@ class RequestStats:
     # the seconds they took (the constraint's own work: moving its state, building the mask).
     masks: int = 0
     mask_seconds: float = 0.0
+    # Tokens taken by jump-forward (the grammar allowed only them), emitted without a draft slot.
+    forced: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -71,6 +73,7 @@ class Request:
     history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
     masks: int = 0  # constraint masks computed for it, and their seconds (see RequestStats)
     mask_seconds: float = 0.0
+    forced: int = 0  # tokens emitted by jump-forward (see RequestStats)
     finish_reason: str | None = None
     error: str | None = None
 
@@ -88,6 +91,6 @@ class Request:
     def result(self) -> GenerationResult:
         h = self.history
         stats = RequestStats(h.drafted, h.accepted, h.steps, tuple(h.k_per_step), tuple(h.accepted_per_step),
-                             self.masks, self.mask_seconds)
+                             self.masks, self.mask_seconds, self.forced)
         return GenerationResult(self.request_id, list(self.prompt), self.generated, self.finish_reason or "aborted",
                                 self.error, stats)
