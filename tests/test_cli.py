@@ -65,6 +65,26 @@ def test_pair_with_different_tokenizers_is_refused(tiny_model_dirs, capsys):
     assert "tokenizer" in capsys.readouterr().err.lower()
 
 
+def test_bench_lanes_that_never_draft_run_without_the_draft(tiny_model_dirs, capsys, monkeypatch):
+    """`off` is plain decoding: its engine gets no drafter, so no request pays the draft's prefill;
+    `static:2` (the control) gets one."""
+    from adaptive_spec.cli import bench
+
+    target, draft, _ = tiny_model_dirs
+    built = []
+    real = bench.SpecEngine
+
+    def recording(target_model, drafter, **options):
+        built.append((options["policy"].name, drafter is not None))
+        return real(target_model, drafter, **options)
+
+    monkeypatch.setattr(bench, "SpecEngine", recording)
+    assert main(["bench", "--target", target, "--draft", draft, "--prompt", PROMPT, "--policies", "off,static:2",
+                 "--temperatures", "0", "--max-new-tokens", "4", "--no-chat", "--no-hf"]) == 0
+    capsys.readouterr()
+    assert set(built) == {("off", False), ("static:2", True)}
+
+
 def test_unknown_model_name_lists_known_ones(capsys):
     assert main(["generate", "--pair", "no-such-pair", "--prompt", "x"]) == 2
     assert "qwen-coder" in capsys.readouterr().err

@@ -331,7 +331,10 @@ class EngineLane:
         policy = with_tpot_target(make_policy(spec, cost_model), args.slo_tpot, only_goodput=True)
         self.policy = with_sweep(policy, args.calibrate, only_cost_readers=True)
         self.static = isinstance(self.policy, StaticPolicy)
-        self.engine = SpecEngine(loaded.target, _own_drafter(loaded), policy=self.policy,
+        # A lane that never drafts runs without the draft, as plain decoding would: with it, every
+        # request would pay the draft's prefill for nothing.
+        drafter = None if self.static and self.policy.k == 0 else _own_drafter(loaded)
+        self.engine = SpecEngine(loaded.target, drafter, policy=self.policy,
                                  max_batch_size=args.batch_size, seed=args.seed, jump_forward=jump_forward)
         self.tokenizer, self.vocab_size = loaded.tokenizer, loaded.target.config.vocab_size
         self.tallies: dict[str, Tally] = {}
