@@ -512,9 +512,9 @@ class GoodputPolicy(PolicyBase):
     def _learn_forecast(self, forecast: float | None, record: StepRecord) -> None:
         """A ratio of decayed sums, not a mean of ratios: a step's realised goodput is noisy, and
         the sums weigh each step by its forecast. A step with jump-forward tokens emitted more than
-        any draft length was forecast to, so it is not learned. While the batch does not draft by choice nothing
-        is learned, so the realised sum relaxes toward the forecast one at the same rate: the
-        correction fades, as an estimator's evidence does, and cannot hold K = 0 for good."""
+        any draft length was forecast to, so it is not learned. While the batch does not draft by
+        choice nothing is learned, so the realised sum relaxes toward the forecast one at the same
+        rate: the correction fades, as an estimator's evidence does, and cannot hold K = 0 for good."""
         decay, seen = self.config.forecast_decay, self._forecast_seen
         if forecast is not None and record.total_seconds > 0 and record.outcomes and not record.forced_tokens:
             realised = sum(o.emitted for o in record.outcomes) / record.total_seconds

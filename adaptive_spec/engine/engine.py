@@ -211,7 +211,7 @@ class SpecEngine:
     def _choose_k(self, forced: Sequence[ForcedRun | None]) -> list[int]:
         if self.max_k == 0 or self._drafter_error is not None:
             return [0] * len(self._running)
-        ahead = [len(run.tokens) if run else 0 for run in forced]  # the policy sees each row past its forced tokens
+        ahead = [len(run.tokens) if run is not None else 0 for run in forced]  # the policy sees each row past its forced tokens
         caps = [min(self.max_k, r.remaining - m - 1) for r, m in zip(self._running, ahead)]
         room = self.drafter.max_positions
         if room:  # a row's context plus its drafts must fit the drafter's positions

@@ -33,8 +33,8 @@ from typing import Sequence
 import torch
 
 from ..control.policy import PolicyError, StopRule, ask_stop_rule
-from ..sampling.rejection import sample_inverse_cdf
 from ..modeling.drafters import Draft
+from ..sampling.rejection import sample_inverse_cdf
 from ..sampling.transforms import RowSettings, process_logits
 from .request import Request
 
